@@ -1,0 +1,297 @@
+"""FashionMNIST: found, verified, and held in memory.
+
+Where the four IDX files come from, in this order:
+
+1. the data root: ``--data-root``, else ``$DPCOURSE_DATA``, else ``data/`` at the top of the
+   course checkout (``./data`` outside one); files live in ``<root>/FashionMNIST/raw/`` so that
+   ``torchvision.datasets.FashionMNIST(root)`` reads the same copy;
+2. Debian's package ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist/*.gz``,
+   or ``$DPCOURSE_SYSTEM_DATA``), unpacked into the data root;
+3. torchvision's checksummed download, by rank 0 while the other ranks wait (a file lock
+   when there is no process group);
+4. otherwise one error that names these three ways.
+
+Files are verified on their *uncompressed* bytes: Debian's ``.gz`` files have another gzip
+header than the upstream ones, so the ``.gz`` checksums differ although the images are the
+same. A truncated or corrupt file is reported by name and never used.
+
+    python -m dpcourse.data fetch     # stage the data (with a progress bar)
+    python -m dpcourse.data verify    # check what is there
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import gzip
+import hashlib
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .dist import rank0_first
+from .errors import CourseError
+
+# name -> (uncompressed size in bytes, official SHA-256 of the uncompressed file)
+FILES = {
+    "train-images-idx3-ubyte": (47_040_016, "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+    "train-labels-idx1-ubyte": (60_008, "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+    "t10k-images-idx3-ubyte": (7_840_016, "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+    "t10k-labels-idx1-ubyte": (10_008, "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+}
+CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+           "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+MEAN, STD = 0.2860, 0.3530  # of the 60k training images, pixels scaled to [0, 1]
+SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
+DOWNLOAD_TIMEOUT_S = 15
+
+
+def project_root(start: Path | None = None) -> Path | None:
+    """The course checkout that contains ``start`` (or the working directory), if any."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        p = d / "pyproject.toml"
+        if p.is_file() and 'name = "dpcourse"' in p.read_text(errors="ignore"):
+            return d
+    return None
+
+
+def default_root(root: str | os.PathLike | None = None) -> Path:
+    """``root`` if given, else $DPCOURSE_DATA, else <checkout>/data, else ./data."""
+    if root:
+        return Path(root).expanduser()
+    if os.environ.get("DPCOURSE_DATA"):
+        return Path(os.environ["DPCOURSE_DATA"]).expanduser()
+    top = project_root()
+    return (top / "data") if top else Path("data")
+
+
+def raw_dir(root: str | os.PathLike | None = None) -> Path:
+    return default_root(root) / "FashionMNIST" / "raw"
+
+
+def _sha256(path: Path, bar: tqdm | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def check_file(path: Path, name: str, bar: tqdm | None = None) -> str | None:
+    """None when ``path`` is the official ``name``; else what is wrong with it."""
+    size, digest = FILES[name]
+    actual = path.stat().st_size
+    if actual != size:
+        kind = "truncated" if actual < size else "too long"
+        return f"{path} is {kind}: {actual:,} bytes, expected {size:,}"
+    if _sha256(path, bar) != digest:
+        return f"{path} is corrupt: its SHA-256 is not the official one"
+    return None
+
+
+def _corrupt(problem: str, root: Path) -> CourseError:
+    return CourseError(
+        f"FashionMNIST: {problem}. It was not used. Delete it and stage the data again:\n"
+        f"    rm {problem.split(' is ')[0]}\n"
+        f"    python -m dpcourse.data fetch --data-root {root}")
+
+
+def _unpack(gz: Path, dest: Path, name: str) -> str | None:
+    """Unpack ``gz`` to ``dest`` atomically if its content is the official file; else say why."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{name}.")
+    try:
+        with gzip.open(gz, "rb") as src, os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        problem = check_file(Path(tmp), name)
+        if problem:
+            return problem.replace(tmp, str(gz) + " (unpacked)")
+        os.chmod(tmp, 0o644)  # a shared data folder is read by other users too
+        os.replace(tmp, dest)
+        return None
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        return f"{gz} cannot be unpacked ({err})"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _download(name: str, raw: Path) -> str | None:
+    """torchvision's checksummed download of one file; None on success, else why not."""
+    from torchvision.datasets import FashionMNIST
+    from torchvision.datasets.utils import download_url
+
+    md5 = dict(FashionMNIST.resources)[f"{name}.gz"]
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # an offline node answers within seconds
+    errors = []
+    try:
+        for mirror in FashionMNIST.mirrors:
+            try:
+                download_url(f"{mirror}{name}.gz", str(raw), f"{name}.gz", md5)
+            except Exception as err:  # urllib, socket and checksum errors all mean "try the next"
+                errors.append(f"{mirror}: {err}")
+                continue
+            gz = raw / f"{name}.gz"
+            problem = _unpack(gz, raw / name, name)
+            gz.unlink(missing_ok=True)
+            return problem
+    finally:
+        socket.setdefaulttimeout(old)
+    return "; ".join(errors) or "no mirror"
+
+
+def _no_data_message(root: Path, system_dir: Path, why: str) -> str:
+    return (
+        "FashionMNIST is not here and could not be fetched. Any one of these fixes it:\n"
+        f"  1. put the four IDX files (or their .gz) in {root / 'FashionMNIST' / 'raw'}, or point "
+        "--data-root / DPCOURSE_DATA at a folder that has them;\n"
+        f"  2. install Debian's package: sudo apt-get install dataset-fashion-mnist "
+        f"(files in {system_dir});\n"
+        "  3. connect to the internet and run: python -m dpcourse.data fetch "
+        "(torchvision's checksummed download).\n"
+        f"The download failed with: {why}")
+
+
+@contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _stage(root: Path, system_dir: Path, download: bool, progress: bool) -> Path:
+    raw = root / "FashionMNIST" / "raw"
+    total = sum(size for size, _ in FILES.values())
+    missing = []
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify FashionMNIST",
+              disable=not progress, leave=False) as bar:
+        for name in FILES:
+            path = raw / name
+            if not path.exists():
+                missing.append(name)
+                continue
+            problem = check_file(path, name, bar)
+            if problem:
+                raise _corrupt(problem, root)
+    for name in tqdm(missing, desc="stage FashionMNIST", unit="file", disable=not progress):
+        gz = system_dir / f"{name}.gz"
+        local_gz = raw / f"{name}.gz"  # a learner may drop the official .gz files in raw/
+        source = local_gz if local_gz.exists() else gz if gz.exists() else None
+        if source is not None:
+            problem = _unpack(source, raw / name, name)
+            if problem:
+                raise CourseError(f"FashionMNIST: {problem}. Reinstall or replace that file "
+                                  "(sudo apt-get install --reinstall dataset-fashion-mnist).")
+            continue
+        why = _download(name, raw) if download else "downloads were switched off"
+        if why is not None:
+            if (raw / name).exists() or "corrupt" in why or "truncated" in why:
+                raise CourseError(f"FashionMNIST: the download of {name} was not the official file: {why}")
+            raise CourseError(_no_data_message(root, system_dir, why))
+    return raw
+
+
+def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool = True,
+                         progress: bool | None = None) -> Path:
+    """Make sure the four verified IDX files are in ``<root>/FashionMNIST/raw`` and return that folder.
+
+    With a process group, rank 0 stages first and the others wait (then find the files, or, on a
+    node-local root, stage their own copy); a file lock keeps processes without a group from
+    writing at the same time.
+    """
+    root = default_root(root)
+    system_dir = Path(os.environ.get("DPCOURSE_SYSTEM_DATA", SYSTEM_DIR))
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("CI")
+    with rank0_first():
+        with _file_lock(root / ".fashion-mnist.lock"):
+            return _stage(root, system_dir, download, progress)
+
+
+def read_idx(path: str | os.PathLike) -> torch.Tensor:
+    """An IDX file (the MNIST format) as a uint8 tensor: images [N, 28, 28], labels [N]."""
+    data = Path(path).read_bytes()
+    magic = int.from_bytes(data[0:4], "big")
+    if magic >> 8 != 0x08:  # 0x08 = unsigned byte
+        raise CourseError(f"{path} is not a uint8 IDX file (magic {magic:#x}).")
+    ndim = magic & 0xFF
+    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if array.size != int(np.prod(shape)):
+        raise CourseError(f"{path} holds {array.size} values, its header says {shape}.")
+    return torch.from_numpy(array.copy()).reshape(shape)
+
+
+def load_fashion_mnist(root: str | os.PathLike | None = None, train: bool = True,
+                       download: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images uint8 [N, 28, 28], labels int64 [N]) of the training (60k) or test (10k) split."""
+    raw = ensure_fashion_mnist(root, download)
+    prefix = "train" if train else "t10k"
+    images = read_idx(raw / f"{prefix}-images-idx3-ubyte")
+    labels = read_idx(raw / f"{prefix}-labels-idx1-ubyte").long()
+    return images, labels
+
+
+class InMemoryFashionMNIST(torch.utils.data.Dataset):
+    """The whole split as one uint8 tensor, on the CPU or the GPU.
+
+    Indexing with a tensor of indices returns a whole normalised batch in one operation, which
+    is what makes it fast: no per-sample Python, no worker processes::
+
+        ds = InMemoryFashionMNIST(train=True)
+        x, y = ds[torch.randperm(len(ds))[:256]]   # x: [256, 1, 28, 28] float, y: [256]
+    """
+
+    def __init__(self, root=None, train: bool = True, device: str | torch.device = "cpu",
+                 download: bool = True):
+        images, labels = load_fashion_mnist(root, train, download)
+        self.images = images.to(device)
+        self.labels = labels.to(device)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        x = self.images[index].float().div_(255).sub_(MEAN).div_(STD).unsqueeze(-3)
+        return x, self.labels[index]
+
+
+def torchvision_fashion_mnist(root=None, train: bool = True, download: bool = True):
+    """The classic per-sample path (PIL image → ToTensor → Normalize), for comparison."""
+    from torchvision import datasets, transforms
+
+    ensure_fashion_mnist(root, download)
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
+    return datasets.FashionMNIST(str(default_root(root)), train=train, transform=tf, download=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.data", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["fetch", "verify", "where"])
+    parser.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: $DPCOURSE_DATA or <checkout>/data)")
+    args = parser.parse_args(argv)
+    if args.command == "where":
+        print(raw_dir(args.data_root))
+        return 0
+    raw = ensure_fashion_mnist(args.data_root, download=args.command == "fetch", progress=None)
+    print(f"FashionMNIST ready and verified in {raw}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
