@@ -1,0 +1,167 @@
+"""Run ``torchrun`` from a notebook cell (or a test) and watch it.
+
+    from dpcourse.launch import torchrun, lab
+    run = torchrun(lab("hello"), nproc=2)            # streams "[rank0]: ..." lines as they come
+    run.returncode, run.log                          # exit status, rank 0's JSON-lines log
+
+Each line a worker prints comes back tagged with its rank (torchrun's own ``--tee``). An
+interrupt (the notebook's stop button) or the timeout stops the whole process group, so no
+orphaned worker keeps a port or a core. Multi-process code must live in a real ``.py`` file:
+a function defined in a notebook cannot be pickled into ``mp.spawn`` workers.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .data import project_root
+from .errors import CourseError
+from .metrics import read_log
+
+
+@dataclass
+class Run:
+    """What a launch left behind."""
+
+    command: list[str]
+    returncode: int
+    lines: list[str] = field(default_factory=list)
+    log: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+    agent_lines: list[str] = field(default_factory=list)  # torchrun's own output, untagged
+
+    def rank_lines(self, rank: int) -> list[str]:
+        """The lines rank ``rank`` printed, without their tag."""
+        tag = f"[rank{rank}]:"
+        return [line[len(tag):] for line in self.lines if line.startswith(tag)]
+
+
+def lab(name: str, start: Path | None = None) -> Path:
+    """The lab script ``name`` that belongs with this notebook.
+
+    A notebook under ``solutions/`` runs the complete ``solutions/labs/<name>.py``; a student
+    notebook under ``notebooks/`` runs the learner's own ``labs/<name>.py``.
+    """
+    here = (start or Path.cwd()).resolve()
+    top = project_root(here)
+    if top is None:
+        raise CourseError(f"Run this from inside the course checkout (cwd is {here}).")
+    in_solutions = (top / "solutions") in (here, *here.parents)
+    path = (top / "solutions" / "labs" if in_solutions else top / "labs") / f"{name.removesuffix('.py')}.py"
+    if not path.is_file():
+        raise CourseError(f"No lab script {path}. Run `make student` to regenerate the student copies.")
+    return path
+
+
+def _threads_per_worker(nproc: int) -> int:
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: float = 300,
+             log_json: bool = True, env: dict | None = None, echo: bool = True,
+             ranks: str | None = None) -> Run:
+    """Launch ``torchrun --standalone --nproc-per-node nproc script *args`` and stream its output.
+
+    ``log_json`` adds ``--log-json <tmp>`` and returns rank 0's records in ``Run.log``.
+    ``ranks="0"`` shows only rank 0's lines. A non-zero exit is returned, not raised, so a
+    notebook can show what went wrong; check ``run.returncode`` (or call ``run_ok``).
+    """
+    tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
+    log_path = tmpdir / "log.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}",
+           "--log-line-prefix-template=[rank${rank}]:"]
+    if ranks is not None:
+        cmd.append(f"--local-ranks-filter={ranks}")
+    cmd += [str(script), *map(str, args)]
+    if log_json:
+        cmd += ["--log-json", str(log_path)]
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # Set the threads per worker ourselves: torchrun's default is 1, with a warning banner.
+    child_env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(nproc)))
+    if echo:  # what a learner would type; the tagging and log flags are plumbing
+        shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", _relative(script), *map(str, args)]
+        print("$", shlex.join(shown), flush=True)
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env, start_new_session=True, bufsize=1)
+    lines: list[str] = []
+    agent: list[str] = []  # torchrun's own lines: warnings and, on failure, its traceback
+
+    def pump():
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith("[rank"):
+                lines.append(line)
+                if echo:
+                    print(line, flush=True)
+            else:
+                agent.append(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        reader.join(5)
+        raise CourseError(f"The run took longer than {timeout:.0f} s and was stopped (every rank). "
+                          "Give it a larger timeout= or fewer --max-steps.") from None
+    except KeyboardInterrupt:
+        _stop(proc)
+        reader.join(5)
+        raise CourseError("Interrupted: every rank of the run was stopped.") from None
+    reader.join(5)
+    if proc.returncode != 0 and echo:
+        print(failure_summary(agent, proc.returncode), flush=True)
+    return Run(cmd, proc.returncode, lines, read_log(log_path) if log_path.exists() else [],
+               time.perf_counter() - start, agent)
+
+
+def failure_summary(agent_lines: list[str], returncode: int) -> str:
+    """One line instead of torchrun's ChildFailedError traceback: which rank failed first, how."""
+    text = "\n".join(agent_lines)
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
+    if m:
+        return (f"torchrun: rank {m.group(1)} failed first (exit code {m.group(2)}); the other ranks "
+                "were stopped. Its message is in the lines above.")
+    tail = [line for line in agent_lines if line.strip()][-3:]
+    return f"torchrun exited with status {returncode}." + ("\n" + "\n".join(tail) if tail else "")
+
+
+def _relative(path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def run_ok(run: Run) -> Run:
+    """Raise one short error if the run failed (for cells that must not go on after a failure)."""
+    if run.returncode != 0:
+        raise CourseError(f"torchrun exited with status {run.returncode}; the lines above say why.")
+    return run
+
+
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the launcher and its workers (one process group), SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,38 @@
+"""The JSON-lines run log every lab writes (rank 0 only).
+
+One object per line; at least ``event``, ``epoch``, ``step``, ``world_size``, ``global_batch``,
+``train_loss``, ``test_accuracy``, ``samples_per_s``, ``elapsed_s`` for training events
+(DESIGN.md §4). Plots read these files, never numbers typed into a cell.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+class JsonLog:
+    """Append-only JSON-lines writer; a no-op where ``path`` is None (the other ranks)."""
+
+    def __init__(self, path: str | os.PathLike | None, **common):
+        self.path = Path(path) if path else None
+        self.common = common
+        self.start = time.perf_counter()
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def write(self, event: str, **fields) -> dict:
+        record = {"event": event, **self.common, **fields,
+                  "elapsed_s": round(time.perf_counter() - self.start, 4)}
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return record
+
+
+def read_log(path: str | os.PathLike) -> list[dict]:
+    """All records of a JSON-lines log."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
