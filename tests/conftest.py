@@ -1,0 +1,43 @@
+"""Shared fixtures. The suite runs real processes: torchrun, notebooks, the real FashionMNIST."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Stable output and fair sharing of the 2 cores between the processes a test starts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("DPCOURSE_DATA", str(ROOT / "data"))
+
+# Simulates a machine with no network: every download goes to a closed local port.
+OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": ""}
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def fashion_root() -> Path:
+    """The checkout's staged, verified FashionMNIST (staged here if `make course` has not yet)."""
+    from dpcourse.data import ensure_fashion_mnist
+
+    ensure_fashion_mnist(ROOT / "data")
+    return ROOT / "data"
+
+
+def run(cmd, timeout=120, env=None, cwd=ROOT):
+    """Run a command, return CompletedProcess with text output (stdout+stderr merged)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+
+
+def torchrun_cmd(nproc, script, *args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            str(script), *map(str, args)]

@@ -1,0 +1,138 @@
+"""dpcourse.data on the real FashionMNIST: staging, verification, the learner's error messages."""
+import gzip
+import shutil
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import OFFLINE, ROOT, run, torchrun_cmd
+from dpcourse import CourseError
+from dpcourse.data import (FILES, InMemoryFashionMNIST, SYSTEM_DIR, ensure_fashion_mnist,
+                           load_fashion_mnist, torchvision_fashion_mnist)
+
+NO_SOURCES = {"DPCOURSE_SYSTEM_DATA": "/nonexistent/fashion-mnist", **OFFLINE}
+
+
+@pytest.fixture
+def staged(tmp_path, fashion_root):
+    """A private copy of the verified raw files, to damage."""
+    raw = tmp_path / "FashionMNIST" / "raw"
+    shutil.copytree(fashion_root / "FashionMNIST" / "raw", raw)
+    return tmp_path
+
+
+def test_real_fashion_mnist_loads(fashion_root):
+    images, labels = load_fashion_mnist(fashion_root, train=True)
+    assert images.shape == (60_000, 28, 28) and images.dtype == torch.uint8
+    assert torch.bincount(labels).tolist() == [6000] * 10
+    images, labels = load_fashion_mnist(fashion_root, train=False)
+    assert images.shape == (10_000, 28, 28) and torch.bincount(labels).tolist() == [1000] * 10
+
+
+def test_stage_from_debian_package_verifies_uncompressed_bytes(tmp_path):
+    # Debian's .gz files differ from upstream's in their gzip header; the content must match.
+    raw = ensure_fashion_mnist(tmp_path, download=False)
+    for name, (size, _) in FILES.items():
+        assert (raw / name).stat().st_size == size
+        assert (raw / name).stat().st_mode & 0o777 == 0o644
+    assert not list(raw.glob(".*")), "no temporary files left behind"
+
+
+def test_official_gz_dropped_in_raw_is_used(tmp_path):
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in FILES:
+        shutil.copy(f"{SYSTEM_DIR}/{name}.gz", raw)
+    ensure_fashion_mnist(tmp_path, download=False)  # no system copy, no network needed
+    assert all((raw / name).exists() for name in FILES)
+
+
+def test_truncated_file_is_named_and_not_used(staged):
+    path = staged / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CourseError) as err:
+        load_fashion_mnist(staged)
+    msg = str(err.value)
+    assert str(path) in msg and "truncated" in msg and "1,000 bytes" in msg
+    assert "python -m dpcourse.data fetch" in msg and "rm " in msg
+
+
+def test_corrupt_file_of_the_right_size_is_named(staged):
+    path = staged / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte"
+    data = bytearray(path.read_bytes())
+    data[5000] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CourseError, match="t10k-images-idx3-ubyte is corrupt"):
+        load_fashion_mnist(staged, train=False)
+
+
+def test_corrupt_system_gz_is_reported(tmp_path):
+    system = tmp_path / "system"
+    system.mkdir()
+    for name in FILES:
+        shutil.copy(f"{SYSTEM_DIR}/{name}.gz", system)
+    with gzip.open(system / "train-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(b"\x00\x00\x08\x01" + b"\x00" * 100)
+    result = run([sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path / "d")],
+                 env={**OFFLINE, "DPCOURSE_SYSTEM_DATA": str(system)})
+    assert result.returncode == 1
+    assert "train-labels-idx1-ubyte.gz (unpacked) is truncated" in result.stdout
+    assert "Traceback" not in result.stdout
+
+
+def test_no_data_anywhere_gives_one_clear_message_fast(tmp_path):
+    start = time.perf_counter()
+    result = run([sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path)],
+                 env=NO_SOURCES, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 1
+    assert elapsed < 30
+    out = result.stdout
+    assert "FashionMNIST is not here and could not be fetched" in out
+    assert "--data-root" in out and "apt-get install dataset-fashion-mnist" in out and "dpcourse.data fetch" in out
+    assert "Traceback" not in out
+
+
+def test_make_course_stops_fast_with_the_data_message(tmp_path):
+    """`make course` with no data root, no Debian package and no network (the venv already built)."""
+    if not (ROOT / ".venv" / ".installed-stamp").exists():
+        pytest.skip("needs the checkout's .venv (run through `make test`)")
+    start = time.perf_counter()
+    result = run(["make", "-s", "course"], timeout=60,
+                 env={**NO_SOURCES, "DPCOURSE_DATA": str(tmp_path / "empty")})
+    assert result.returncode != 0
+    assert time.perf_counter() - start < 30
+    assert result.stdout.count("FashionMNIST is not here and could not be fetched") == 1
+    assert "Traceback" not in result.stdout and "running 00_setup" not in result.stdout
+
+
+def test_two_ranks_stage_once_and_agree(tmp_path, root):
+    """rank 0 stages while rank 1 waits; both then read the same verified files."""
+    result = run(torchrun_cmd(2, root / "tests/helpers/stage.py", tmp_path), timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("staged by rank 0") == 1
+    assert result.stdout.count("OK 60000") == 2
+
+
+def test_two_ranks_without_data_print_one_message(tmp_path, root):
+    start = time.perf_counter()
+    result = run(torchrun_cmd(2, root / "tests/helpers/stage.py", tmp_path), env=NO_SOURCES, timeout=60)
+    assert result.returncode != 0
+    assert time.perf_counter() - start < 30
+    assert result.stdout.count("FashionMNIST is not here and could not be fetched") == 1
+    assert "Traceback (most recent call last):\n  File \"" + str(root) not in result.stdout
+
+
+def test_in_memory_dataset_matches_torchvision_per_sample(fashion_root):
+    fast = InMemoryFashionMNIST(fashion_root, train=False)
+    slow = torchvision_fashion_mnist(fashion_root, train=False)
+    idx = torch.tensor([0, 1, 4321, 9999])
+    x, y = fast[idx]
+    assert x.shape == (4, 1, 28, 28) and x.dtype == torch.float32
+    for j, i in enumerate(idx.tolist()):
+        xs, ys = slow[i]
+        assert ys == y[j].item()
+        torch.testing.assert_close(x[j], xs, atol=1e-5, rtol=0)
+    assert abs(fast[torch.arange(len(fast))][0].mean().item()) < 0.05  # normalised

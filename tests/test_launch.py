@@ -1,0 +1,48 @@
+"""dpcourse.launch: torchrun from a notebook cell, rank tags, logs, and stopping every rank."""
+import os
+import time
+
+import pytest
+
+from conftest import ROOT
+from dpcourse import CourseError
+from dpcourse.launch import lab, run_ok, torchrun
+
+
+def test_torchrun_tags_lines_and_returns_rank0_log(capsys):
+    run = torchrun(lab("hello", ROOT / "solutions"), nproc=2)
+    assert run.returncode == 0
+    assert any(line.startswith("hello from rank 1") for line in run.rank_lines(1))
+    assert run.log[0]["world_size"] == 2
+    shown = capsys.readouterr().out
+    assert "$ torchrun --standalone --nproc-per-node=2" in shown and "[rank0]:hello from rank 0" in shown
+    assert "OMP_NUM_THREADS" not in shown  # torchrun's banner is not the learner's business
+
+
+def test_failure_is_summarised_not_a_traceback(capsys):
+    run = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False)
+    assert run.returncode != 0
+    shown = capsys.readouterr().out
+    assert "[rank1]:rank 1 gives up" in shown
+    assert "rank 1 failed first" in shown and "ChildFailedError" not in shown
+    with pytest.raises(CourseError, match="status"):
+        run_ok(run)
+
+
+def test_timeout_stops_every_rank(tmp_path):
+    pids = tmp_path / "pids"
+    start = time.perf_counter()
+    with pytest.raises(CourseError, match="longer than 8 s"):
+        torchrun(ROOT / "tests/helpers/sleep.py", str(pids), nproc=2, timeout=8, log_json=False)
+    assert time.perf_counter() - start < 25
+    time.sleep(0.5)
+    for pid in map(int, pids.read_text().split()):
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2], \
+            f"worker {pid} outlived the launch"
+
+
+def test_lab_belongs_to_the_notebook_folder(root):
+    assert lab("hello", root / "solutions") == root / "solutions" / "labs" / "hello.py"
+    assert lab("hello", root / "notebooks") == root / "labs" / "hello.py"
+    with pytest.raises(CourseError, match="No lab script"):
+        lab("no_such_lab", root / "solutions")
