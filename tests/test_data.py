@@ -136,3 +136,33 @@ def test_in_memory_dataset_matches_torchvision_per_sample(fashion_root):
         assert ys == y[j].item()
         torch.testing.assert_close(x[j], xs, atol=1e-5, rtol=0)
     assert abs(fast[torch.arange(len(fast))][0].mean().item()) < 0.05  # normalised
+
+
+def test_a_bad_download_is_refused_and_removed(tmp_path, monkeypatch):
+    """A mirror that serves the wrong bytes: torchvision's MD5 check fails, nothing is left in raw/."""
+    import http.server
+    import threading
+
+    from torchvision.datasets import FashionMNIST
+
+    class Junk(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"not the file" * 100)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Junk)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(FashionMNIST, "mirrors", [f"http://127.0.0.1:{server.server_port}/"])
+    monkeypatch.setenv("DPCOURSE_SYSTEM_DATA", str(tmp_path / "no-system-copy"))
+    for var in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        with pytest.raises(CourseError, match="could not be fetched(.|\n)*corrupted"):
+            ensure_fashion_mnist(tmp_path / "d", progress=False)
+    finally:
+        server.shutdown()
+    assert list((tmp_path / "d" / "FashionMNIST" / "raw").iterdir()) == []
