@@ -86,7 +86,7 @@ def test_py_lab_markers_become_stubs_keeping_indentation():
     src = ("def step(p, lr):\n    with no_grad():\n        ### BEGIN SOLUTION (hint: p -= lr * p.grad)\n"
            "        p -= lr * p.grad\n        ### END SOLUTION\n    return p\n")
     out = student_script(src)
-    assert '        raise NotImplementedError("Exercise: move p in place * p.grad")' in out
+    assert '        raise NotImplementedError("Exercise: p -= lr * p.grad")' in out
     assert "p -= lr * p.grad\n" not in out.replace('"Exercise: p -= lr * p.grad"', "")
     compile(out, "lab.py", "exec")  # still valid Python
     assert student_script("print('no exercise')\n") == "print('no exercise')\n"
