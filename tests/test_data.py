@@ -166,3 +166,17 @@ def test_a_bad_download_is_refused_and_removed(tmp_path, monkeypatch):
     finally:
         server.shutdown()
     assert list((tmp_path / "d" / "FashionMNIST" / "raw").iterdir()) == []
+
+
+def test_processes_without_a_group_share_one_staging(tmp_path):
+    """Two independent `fetch` commands into one root at once: the file lock serialises them."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [(p.wait(timeout=120), p.stdout.read()) for p in procs]
+    assert all(code == 0 for code, _ in outs), outs
+    raw = tmp_path / "FashionMNIST" / "raw"
+    assert sorted(p.name for p in raw.iterdir()) == sorted(FILES)  # no temporary files either
+    ensure_fashion_mnist(tmp_path, download=False)  # and they verify

@@ -1,6 +1,7 @@
 """dpcourse.dist: launcher variables, backend choice, and real multi-process runs."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -86,7 +87,7 @@ def ompi_vars(rank, world):
 
 @pytest.mark.parametrize("launcher_env, name", [(slurm_vars, "slurm"), (ompi_vars, "mpi")])
 def test_ranks_from_srun_and_mpirun_variables(launcher_env, name):
-    results = _start_ranks(2, launcher_env)
+    results = _start_ranks(2, launcher_env)  # srun's own variables; the real srun is module 07's
     for code, out in results:
         assert code == 0, out
     assert "hello from rank 1 of 2" in results[1][1]
@@ -94,8 +95,9 @@ def test_ranks_from_srun_and_mpirun_variables(launcher_env, name):
 
 
 @pytest.mark.skipif("MASTER_ADDR" in os.environ, reason="MASTER_ADDR is set in this environment")
-def test_srun_without_master_addr_says_how_to_set_it():
-    result = run([sys.executable, str(HELLO)], env=slurm_vars(0, 2))
+def test_multinode_srun_without_master_addr_says_how_to_set_it():
+    two_nodes = {**slurm_vars(0, 2), "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    result = run([sys.executable, str(HELLO)], env=two_nodes)
     assert result.returncode == 1
     assert "MASTER_ADDR is not set" in result.stdout and "scontrol show hostnames" in result.stdout
     assert "Traceback" not in result.stdout
@@ -132,3 +134,17 @@ def test_rank0_first_runs_rank0_before_the_others(tmp_path, root):
 
 def test_dist_env_defaults():
     assert DistEnv().is_rank0 and DistEnv().world_size == 1
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (apt-get install openmpi-bin)")
+def test_hello_under_real_mpirun_on_one_node():
+    """`mpirun -np 2 python lab.py` as the README writes it: ranks from OMPI_*, no MASTER_ADDR needed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env["MASTER_PORT"] = str(free_port())
+    result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                             "-x", "MASTER_PORT", "-x", "PATH", "-x", "OMP_NUM_THREADS",
+                             sys.executable, str(HELLO)], cwd=ROOT, env=env, text=True, timeout=120,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert result.returncode == 0, result.stdout
+    assert "hello from rank 0 of 2" in result.stdout and "hello from rank 1 of 2" in result.stdout
+    assert result.stdout.count("all_reduce(rank + 1) = 3") == 1

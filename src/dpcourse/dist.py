@@ -140,7 +140,9 @@ def setup(backend: str = "auto", device: str = "auto",
     if info.launcher == "none":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    elif info.launcher in ("slurm", "mpi") and info.world_size > 1 and "MASTER_ADDR" not in os.environ:
+    elif info.local_world_size == info.world_size:  # srun/mpirun with every rank on this node
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    elif "MASTER_ADDR" not in os.environ:  # several nodes: rank 0's node must be named
         raise CourseError(
             f"Launched by {info.launcher} with {info.world_size} tasks but MASTER_ADDR is not set. "
             "Export it before the launch, e.g. in an sbatch script: "
