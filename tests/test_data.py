@@ -180,3 +180,21 @@ def test_processes_without_a_group_share_one_staging(tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     assert sorted(p.name for p in raw.iterdir()) == sorted(FILES)  # no temporary files either
     ensure_fashion_mnist(tmp_path, download=False)  # and they verify
+
+
+def test_a_staged_root_is_used_without_writing(staged):
+    """A shared, read-only data folder on a cluster: staged and verified, it needs no lock."""
+    (staged / ".fashion-mnist.lock").mkdir()  # the lock cannot be opened (root ignores chmod)
+    images, _ = load_fashion_mnist(staged, train=False)
+    assert len(images) == 10_000
+    (staged / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(CourseError, match=f"cannot be staged in {staged}.*folder you can write to"):
+        load_fashion_mnist(staged, train=False)
+
+
+def test_a_bad_gz_dropped_in_raw_is_named_with_its_fix(tmp_path):
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(CourseError, match=r"train-images-idx3-ubyte.gz cannot be unpacked.*Delete "):
+        ensure_fashion_mnist(tmp_path, download=False)

@@ -99,10 +99,10 @@ def check_file(path: Path, name: str, bar: tqdm | None = None) -> str | None:
     return None
 
 
-def _corrupt(problem: str, root: Path) -> CourseError:
+def _corrupt(path: Path, problem: str, root: Path) -> CourseError:
     return CourseError(
         f"FashionMNIST: {problem}. It was not used. Delete it and stage the data again:\n"
-        f"    rm {problem.split(' is ')[0]}\n"
+        f"    rm {path}\n"
         f"    python -m dpcourse.data fetch --data-root {root}")
 
 
@@ -165,43 +165,54 @@ def _no_data_message(root: Path, system_dir: Path, why: str) -> str:
 
 
 @contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+def _staging_lock(root: Path):
+    """One process at a time writes into ``root`` (closing the file releases the lock)."""
+    try:
+        (root / "FashionMNIST" / "raw").mkdir(parents=True, exist_ok=True)
+        f = open(root / ".fashion-mnist.lock", "w")
+    except OSError as err:
+        raise CourseError(f"FashionMNIST cannot be staged in {root} ({err.strerror}). Point --data-root "
+                          "or DPCOURSE_DATA at a folder you can write to.") from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield
 
 
-def _stage(root: Path, system_dir: Path, download: bool, progress: bool) -> Path:
-    raw = root / "FashionMNIST" / "raw"
-    total = sum(size for size, _ in FILES.values())
+def _missing_files(raw: Path, root: Path, progress: bool) -> list[str]:
+    """Names not yet in ``raw``; raises if one that is there is damaged."""
     missing = []
+    total = sum(size for size, _ in FILES.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify FashionMNIST",
               disable=not progress, leave=False) as bar:
         for name in FILES:
             path = raw / name
             if not path.exists():
                 missing.append(name)
+            elif problem := check_file(path, name, bar):
+                raise _corrupt(path, problem, root)
+    return missing
+
+
+def _stage(root: Path, system_dir: Path, download: bool, progress: bool) -> Path:
+    raw = root / "FashionMNIST" / "raw"
+    if not _missing_files(raw, root, progress):
+        return raw  # all there and verified: nothing to write, no lock (the root may be read-only)
+    with _staging_lock(root):
+        # Another process may have staged files while we waited: they appear only once verified.
+        missing = [name for name in FILES if not (raw / name).exists()]
+        for name in tqdm(missing, desc="stage FashionMNIST", unit="file", disable=not progress):
+            local_gz = raw / f"{name}.gz"  # a learner may drop the official .gz files in raw/
+            system_gz = system_dir / f"{name}.gz"
+            source = local_gz if local_gz.exists() else system_gz if system_gz.exists() else None
+            if source is not None:
+                if problem := _unpack(source, raw / name, name):
+                    fix = (f"Delete {local_gz} and put the official file there." if source == local_gz
+                           else "Reinstall it: sudo apt-get install --reinstall dataset-fashion-mnist")
+                    raise CourseError(f"FashionMNIST: {problem}. {fix}")
                 continue
-            problem = check_file(path, name, bar)
-            if problem:
-                raise _corrupt(problem, root)
-    for name in tqdm(missing, desc="stage FashionMNIST", unit="file", disable=not progress):
-        gz = system_dir / f"{name}.gz"
-        local_gz = raw / f"{name}.gz"  # a learner may drop the official .gz files in raw/
-        source = local_gz if local_gz.exists() else gz if gz.exists() else None
-        if source is not None:
-            problem = _unpack(source, raw / name, name)
-            if problem:
-                raise CourseError(f"FashionMNIST: {problem}. Reinstall or replace that file "
-                                  "(sudo apt-get install --reinstall dataset-fashion-mnist).")
-            continue
-        why = _download(name, raw) if download else "downloads were switched off"
-        if why is not None:  # offline, or a mirror served something that is not the official file
-            raise CourseError(_no_data_message(root, system_dir, why))
+            why = _download(name, raw) if download else "not tried (this command never downloads)"
+            if why is not None:  # offline, or a mirror served something that is not the official file
+                raise CourseError(_no_data_message(root, system_dir, why))
     return raw
 
 
@@ -218,8 +229,7 @@ def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool =
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     with rank0_first():
-        with _file_lock(root / ".fashion-mnist.lock"):
-            return _stage(root, system_dir, download, progress)
+        return _stage(root, system_dir, download, progress)
 
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
