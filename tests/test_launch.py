@@ -1,5 +1,6 @@
 """dpcourse.launch: torchrun from a notebook cell, rank tags, logs, and stopping every rank."""
 import os
+import tempfile
 import time
 
 import pytest
@@ -9,8 +10,10 @@ from dpcourse import CourseError
 from dpcourse.launch import lab, run_ok, torchrun
 
 
-def test_torchrun_tags_lines_and_returns_rank0_log(capsys):
+def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the launch keeps its logs
     run = torchrun(lab("hello", ROOT / "solutions"), nproc=2)
+    assert list(tmp_path.iterdir()) == [], "the launch leaves no files behind"
     assert run.returncode == 0
     assert any(line.startswith("hello from rank 1") for line in run.rank_lines(1))
     assert run.log[0]["world_size"] == 2

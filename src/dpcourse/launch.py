@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,18 +115,18 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        reader.join(5)
         raise CourseError(f"The run took longer than {timeout:.0f} s and was stopped (every rank). "
                           "Give it a larger timeout= or fewer --max-steps.") from None
     except KeyboardInterrupt:
         _stop(proc)
-        reader.join(5)
         raise CourseError("Interrupted: every rank of the run was stopped.") from None
-    reader.join(5)
+    finally:
+        reader.join(5)
+        log = read_log(log_path) if log_path.exists() else []
+        shutil.rmtree(tmpdir, ignore_errors=True)  # torchrun's per-rank log files and ours
     if proc.returncode != 0 and echo:
         print(failure_summary(agent, proc.returncode), flush=True)
-    return Run(cmd, proc.returncode, lines, read_log(log_path) if log_path.exists() else [],
-               time.perf_counter() - start, agent)
+    return Run(cmd, proc.returncode, lines, log, time.perf_counter() - start, agent)
 
 
 def failure_summary(agent_lines: list[str], returncode: int) -> str:
