@@ -171,10 +171,6 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def get_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else env_info().rank
-
-
 def _all_ok(ok: bool) -> bool:
     """Every rank says whether it is fine; all learn whether everyone is."""
     backend = dist.get_backend()
