@@ -1,12 +1,16 @@
 """Hello, distributed world: every rank says who it is, then all ranks agree on one number.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/hello.py
-    srun --ntasks 2 python solutions/labs/hello.py          # inside a Slurm allocation
-    python solutions/labs/hello.py                          # one process, no launcher
+    python solutions/labs/hello.py                                     # one process, no launcher
+    torchrun --standalone --nproc-per-node 2 solutions/labs/hello.py   # two processes here
+    srun --ntasks 2 python solutions/labs/hello.py                     # inside a Slurm allocation
+    mpirun -np 2 python solutions/labs/hello.py                        # two Open MPI ranks
+
+(Activate the course's environment first: source .venv/bin/activate.)
 """
 import argparse
 import os
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -16,12 +20,23 @@ from dpcourse.metrics import JsonLog
 
 
 def setup(args):
-    # DDP: read rank/world size from the launcher, pick gloo (CPU) or NCCL (GPU), join the group.
-    return ddp_env.setup(backend=args.backend, device=args.device)
+    # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
+    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
+                            timeout=timedelta(seconds=args.timeout))
+    return env
 
 
 def cleanup():
-    ddp_env.cleanup()  # DDP: leave the process group so every rank exits cleanly.
+    dist.destroy_process_group()  # DDP: leave the process group so every rank exits cleanly.
+
+
+def sum_formula(n):
+    """'1', '1 + 2', '1 + 2 + 3', '1 + 2 + ... + n': the sum every rank's all_reduce computes."""
+    terms = [str(k) for k in range(1, n + 1)]
+    return " + ".join(terms if n <= 3 else ["1", "2", "...", str(n)])
 
 
 def main(args):
@@ -38,7 +53,7 @@ def main(args):
 
     if rank == 0:  # DDP: one rank prints the result and writes the log.
         print(f"all_reduce(rank + 1) = {value.item():g} on every rank "
-              f"(1 + 2 + ... + {world_size} = {expected:g})", flush=True)
+              f"({sum_formula(world_size)} = {expected:g})", flush=True)
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
     log.write("hello", backend=env.backend, launcher=env.launcher, all_reduce=value.item())
     cleanup()
@@ -50,5 +65,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())

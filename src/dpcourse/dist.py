@@ -2,14 +2,23 @@
 
 The same lab runs under ``torchrun`` (RANK, LOCAL_RANK, WORLD_SIZE, ...), under ``srun``
 (SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS, ...), under ``mpirun`` (OMPI_COMM_WORLD_*),
-or as plain ``python lab.py`` (one process). ``setup()`` reads whichever is there, picks the
-backend and device, and starts the process group; ``cleanup()`` ends it.
+or as plain ``python lab.py`` (one process). A lab calls ``prepare()``, which reads whichever
+is there, settles MASTER_ADDR/MASTER_PORT, checks them and gathers the ranks, and then calls
+``dist.init_process_group`` itself::
+
+    env = prepare(backend="auto", device="auto")
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size)
+
+``setup()`` does both (for tests and helpers); ``cleanup()`` ends the group.
 """
 from __future__ import annotations
 
 import os
 import re
 import socket
+import threading
+import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,27 +60,58 @@ def _tasks_per_node(spec: str, node_id: int) -> int:
 
 
 def env_info(environ: os._Environ | dict | None = None) -> DistEnv:
-    """Read rank, local rank and world size from the launcher's variables.
+    """Read rank, local rank and world size from the variables of the launcher that started us.
 
-    Order: torchrun (it also runs inside srun jobs) → an ``srun`` job step → ``mpirun`` → one process.
-    The batch script of an sbatch job has SLURM_PROCID but no SLURM_STEP_ID: that is one process.
+    Order: torchrun → ``mpirun`` → an ``srun`` job step → one process. The innermost launcher
+    wins: torchrun runs inside srun steps, and ``mpirun`` inside an sbatch job or an srun step
+    starts its ranks through Slurm's helper steps, whose SLURM_* variables describe mpirun's
+    daemons, not the MPI ranks. The batch script of an sbatch job has SLURM_PROCID but no
+    SLURM_STEP_ID: that is one process.
     """
     e = os.environ if environ is None else environ
     if "RANK" in e and "WORLD_SIZE" in e:
         world = int(e["WORLD_SIZE"])
         return DistEnv(int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world,
                        int(e.get("LOCAL_WORLD_SIZE", world)), "torchrun")
+    if "OMPI_COMM_WORLD_RANK" in e:
+        world = int(e["OMPI_COMM_WORLD_SIZE"])
+        return DistEnv(int(e["OMPI_COMM_WORLD_RANK"]), int(e.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)),
+                       world, int(e.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)), "mpi")
     if "SLURM_PROCID" in e and "SLURM_STEP_ID" in e:
         world = int(e.get("SLURM_STEP_NUM_TASKS", e.get("SLURM_NTASKS", 1)))
         local_world = _tasks_per_node(e.get("SLURM_STEP_TASKS_PER_NODE", str(world)),
                                       int(e.get("SLURM_NODEID", 0)))
         return DistEnv(int(e["SLURM_PROCID"]), int(e.get("SLURM_LOCALID", 0)), world,
                        local_world, "slurm")
-    if "OMPI_COMM_WORLD_RANK" in e:
-        world = int(e["OMPI_COMM_WORLD_SIZE"])
-        return DistEnv(int(e["OMPI_COMM_WORLD_RANK"]), int(e.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)),
-                       world, int(e.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)), "mpi")
     return DistEnv()
+
+
+def job_token(environ: os._Environ | dict | None = None) -> str:
+    """A name for this launch that every rank of it shares and a concurrent launch does not."""
+    e = os.environ if environ is None else environ
+    launcher = env_info(e).launcher
+    if launcher == "mpi":  # Open MPI 4 names its job; PMIx-based launchers name a namespace
+        return "mpi-" + e.get("OMPI_MCA_ess_base_jobid", e.get("PMIX_NAMESPACE", "0"))
+    if launcher == "slurm":
+        return f"slurm-{e.get('SLURM_JOB_ID', '0')}.{e.get('SLURM_STEP_ID', '0')}"
+    return launcher
+
+
+def default_port(environ: os._Environ | dict | None = None) -> int:
+    """The MASTER_PORT a launch uses when none is exported: the same on every rank of it.
+
+    Under srun it is 20000 + (10·job id + step id) mod 10000, so two jobs (or two steps of a
+    job) sharing a node never meet on one port; under mpirun it comes from mpirun's job id.
+    The range 20000–29999 stays below Linux's ephemeral ports (32768+), which the OS hands out.
+    """
+    e = os.environ if environ is None else environ
+    info = env_info(e)
+    if info.launcher == "slurm" and e.get("SLURM_JOB_ID", "").isdigit():
+        step = int(e["SLURM_STEP_ID"]) if e.get("SLURM_STEP_ID", "").isdigit() else 0
+        return 20000 + (10 * int(e["SLURM_JOB_ID"]) + step) % 10000
+    if info.launcher == "mpi":
+        return 20000 + zlib.crc32(job_token(e).encode()) % 10000
+    return 29500
 
 
 # What PyTorch documents each backend to run, on CPU and on GPU tensors
@@ -125,50 +165,191 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def setup(backend: str = "auto", device: str = "auto",
-          timeout_s: float | None = None) -> DistEnv:
-    """Start the process group and pick this rank's device.
+def _quiet_exit(info: DistEnv, message: str, everyone: bool = False) -> CourseError | SystemExit:
+    """The error to raise: the message on rank 0 (or on every rank), a quiet exit 1 elsewhere.
 
-    A plain ``python lab.py`` gets a one-process group on a free local port, so the DDP code
-    path of a lab is the same with and without a launcher.
+    A problem every rank meets alike (a missing variable) is said once, by rank 0; the others
+    exit with status 1 without a word, so the learner reads one line, not one per rank.
+    """
+    if everyone or info.rank == 0:
+        return CourseError(f"[rank {info.rank}] {message}")
+    return SystemExit(1)
+
+
+def _resolve(host: str, seconds: float = 10.0) -> str | None:
+    """The IP address of ``host``, or None if it does not resolve within ``seconds``."""
+    answer: list[str] = []
+
+    def look_up():
+        try:
+            answer.append(socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0])
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=look_up, daemon=True)  # a dead DNS server can take minutes
+    worker.start()
+    worker.join(seconds)
+    return answer[0] if answer else None
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'1', '1 and 3', '1, 2 and 5', or the first few of a long list."""
+    words = [str(r) for r in ranks[:6]] + ([f"… ({len(ranks)} in all)"] if len(ranks) > 6 else [])
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _port_in_use(addr: str, port: int) -> str:
+    return (f"Port {port} on {addr} is already in use (another job, or a run that has not ended). "
+            "Set MASTER_PORT to a free port, e.g. export MASTER_PORT=$(python -c 'from "
+            "dpcourse.dist import free_port; print(free_port())'), or use torchrun --standalone, "
+            "which picks one.")
+
+
+def _wait_until_listening(addr: str, port: int, timeout_s: float) -> None:
+    """Return once something accepts connections at addr:port; raise TimeoutError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"nothing listens at {addr}:{port}") from None
+            time.sleep(0.2)
+
+
+_ROLL_CALL: list = []  # rank 0's store: init_process_group's env:// rendezvous serves on it too
+
+
+def _roll_call(info: DistEnv, addr: str, port: int, timeout_s: float) -> None:
+    """Every rank reports to rank 0 before ``init_process_group``, so a missing rank is named.
+
+    Rank 0 serves a TCPStore at MASTER_ADDR:MASTER_PORT (multi-tenant: the env:// rendezvous
+    of ``init_process_group`` joins the same server afterwards). Each rank writes its name
+    under this launch's token; rank 0 waits up to ``timeout_s`` for all of them, then answers
+    "go" or names the ranks that never came. Without this, torch waits its full collective
+    timeout and says only "1/2 clients joined".
+    """
+    token = job_token()
+    key = f"dpcourse/{token}/"
+    wait = timedelta(seconds=timeout_s)
+    where = f"{addr}:{port}"
+    if info.rank == 0:
+        try:
+            store = dist.TCPStore(addr, port, info.world_size, is_master=True, timeout=wait,
+                                  wait_for_workers=False, multi_tenant=True)
+        except RuntimeError as err:
+            if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
+                raise CourseError(f"[rank 0] {_port_in_use(addr, port)}") from None
+            raise CourseError(f"[rank 0] could not serve the rendezvous at {where}: "
+                              f"{str(err).splitlines()[0]}") from None
+        _ROLL_CALL.append(store)
+        store.set("dpcourse/owner", token)
+        deadline = time.monotonic() + timeout_s
+        missing = list(range(1, info.world_size))
+        while missing and time.monotonic() < deadline:
+            missing = [r for r in missing if not store.check([f"{key}joined/{r}"])]
+            if missing:
+                time.sleep(0.05)
+        store.set(f"{key}go", "missing " + " ".join(map(str, missing)) if missing else "ok")
+        if missing:
+            raise CourseError(
+                f"[rank 0] rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} of "
+                f"{info.world_size} did not join within {timeout_s:g} s (rank 0 waited at {where}). "
+                "Usual causes: those tasks crashed before set-up (read their output above), "
+                "the world size is wrong (more tasks asked for than started), or a firewall "
+                "blocks the port. Under srun, add --kill-on-bad-exit=1 so one failed task ends "
+                "the whole step.")
+        return
+    try:
+        _wait_until_listening(addr, port, timeout_s)  # quietly: torch's own retries print pages
+        store = dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=wait,
+                              wait_for_workers=False)
+        store.wait(["dpcourse/owner"], wait)
+        owner = store.get("dpcourse/owner").decode()
+    except (RuntimeError, TimeoutError):
+        raise CourseError(
+            f"[rank {info.rank}] could not reach rank 0 at {where} within {timeout_s:g} s. "
+            "Usual causes: rank 0's task crashed or never started (read its output), "
+            "MASTER_ADDR names the wrong host (it must be rank 0's), or a firewall blocks "
+            "the port.") from None
+    if owner != token:
+        raise CourseError(f"[rank {info.rank}] {where} is another job's rendezvous ({owner}), "
+                          f"not this one's ({token}). Unset MASTER_PORT (each job then gets "
+                          "its own) or export a different one.")
+    store.set(f"{key}joined/{info.rank}", socket.gethostname())
+    try:
+        store.wait([f"{key}go"], wait + timedelta(seconds=10))
+        go = store.get(f"{key}go").decode()
+    except RuntimeError:
+        raise CourseError(f"[rank {info.rank}] rank 0 at {where} stopped answering while the "
+                          "ranks gathered (its output says why).") from None
+    if go != "ok":
+        raise SystemExit(1)  # rank 0 names the missing ranks
+
+
+def prepare(backend: str = "auto", device: str = "auto",
+            rendezvous_timeout_s: float | None = None) -> DistEnv:
+    """Everything ``dist.init_process_group`` needs, settled and checked, before a lab calls it.
+
+    Reads rank and world size from the launcher (torchrun, srun, mpirun or none), picks the
+    backend and this rank's device, sets MASTER_ADDR and MASTER_PORT when the launcher did
+    not (one node: 127.0.0.1; Slurm and Open MPI: a port derived from the job id), checks
+    that the address resolves, and under srun and mpirun makes every rank report to rank 0
+    first, so a rank that never started is named within ``rendezvous_timeout_s`` (default
+    60 s, or $DPCOURSE_RDZV_TIMEOUT_S). Each problem ends in one line saying what to do.
     """
     info = env_info()
     backend = choose_backend(backend, device)
     dev = choose_device(backend, info.local_rank, device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    if info.launcher == "none":
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    elif info.local_world_size == info.world_size:  # srun/mpirun with every rank on this node
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    elif "MASTER_ADDR" not in os.environ:  # several nodes: rank 0's node must be named
-        raise CourseError(
-            f"Launched by {info.launcher} with {info.world_size} tasks but MASTER_ADDR is not set. "
-            "Export it before the launch, e.g. in an sbatch script: "
-            "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    timeout = timedelta(seconds=timeout_s or float(os.environ.get("DPCOURSE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
-    try:
-        dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
-                                timeout=timeout, device_id=dev if dev.type == "cuda" else None)
-    except (RuntimeError, ValueError) as err:
-        msg = str(err)
-        if "EADDRINUSE" in msg or "address already in use" in msg.lower():
-            raise CourseError(
-                f"Port {os.environ['MASTER_PORT']} on {os.environ['MASTER_ADDR']} is already in use "
-                "(another job, or a run that has not ended). Set MASTER_PORT to a free port, e.g. "
-                "export MASTER_PORT=$(python -c 'from dpcourse.dist import free_port; print(free_port())'), "
-                "or use torchrun --standalone, which picks one.") from None
-        raise
+    if info.launcher == "none":  # one process: a private group on this machine
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(free_port())
+    elif info.launcher != "torchrun":  # torchrun sets both itself
+        if "MASTER_ADDR" not in os.environ:
+            if info.local_world_size != info.world_size:  # several nodes: rank 0's must be named
+                raise _quiet_exit(info,
+                    f"Launched by {info.launcher} with {info.world_size} tasks on several nodes, "
+                    "but MASTER_ADDR is not set. Export rank 0's host before the launch, e.g. "
+                    "in an sbatch script: "
+                    "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)")
+            os.environ["MASTER_ADDR"] = "127.0.0.1"  # every rank is on this node
+        os.environ.setdefault("MASTER_PORT", str(default_port()))
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if info.launcher != "torchrun" and _resolve(addr) is None:
+        # Said by rank 0, and by the first rank of every other node: names can resolve on one
+        # node and not on another.
+        raise _quiet_exit(info, f"MASTER_ADDR={addr} does not resolve on {socket.gethostname()}. "
+                          "Check the spelling; it must be rank 0's host, e.g. "
+                          "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" "
+                          "| head -n 1), or an IP address.",
+                          everyone=info.local_rank == 0 and info.local_world_size != info.world_size)
+    if info.launcher in ("slurm", "mpi"):
+        timeout = rendezvous_timeout_s or float(os.environ.get("DPCOURSE_RDZV_TIMEOUT_S", 60))
+        _roll_call(info, addr, port, timeout)
     return DistEnv(info.rank, info.local_rank, info.world_size, info.local_world_size,
                    info.launcher, backend, dev)
+
+
+def setup(backend: str = "auto", device: str = "auto",
+          timeout_s: float | None = None) -> DistEnv:
+    """``prepare()``, then pin the GPU and start the process group: for tests and helpers.
+
+    The labs make these calls themselves, where the learner reads them.
+    """
+    env = prepare(backend, device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    timeout = timedelta(seconds=timeout_s or float(os.environ.get("DPCOURSE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
+    return env
 
 
 def cleanup() -> None:
     """End the process group (safe to call when there is none)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _ROLL_CALL.clear()
 
 
 def _all_ok(ok: bool) -> bool:
