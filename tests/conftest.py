@@ -41,3 +41,20 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
 def torchrun_cmd(nproc, script, *args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             str(script), *map(str, args)]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real two-node Slurm cluster (nodes n1, n2) on this machine; see tests/slurm.py.
+
+    Skipped where it cannot run (not root, Slurm or munge not installed), except in CI
+    (CI=true), which installs them: there a skip would hide a broken harness, so it fails.
+    """
+    import slurm as harness  # tests/slurm.py
+
+    if why := harness.unavailable():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs the local Slurm cluster: {why}", pytrace=False)
+        pytest.skip(f"no local Slurm cluster: {why}")
+    with harness.start() as cluster:
+        yield cluster

@@ -1,0 +1,249 @@
+"""A real two-node Slurm cluster on this one machine, for tests that run srun, sbatch, mpirun.
+
+munged, slurmctld and two slurmd daemons (nodes n1 and n2, 2 CPUs each, both 127.0.0.1, each on
+its own port) run as root with their config, state, sockets and logs in one temporary folder.
+Every Slurm command finds that config through SLURM_CONF in ``Cluster.env``; ``Cluster.run``,
+``srun`` and ``sbatch`` set it, and drop the launcher variables (RANK, SLURM_*, ...) of whatever
+runs the tests, so that a job sees only what Slurm and the test give it.
+
+    with start() as cluster:                       # the `slurm` fixture in conftest.py
+        cluster.srun("-N2", "-n2", "hostname")     # CompletedProcess, stdout+stderr in .stdout
+        job = cluster.sbatch("#!/bin/bash\nsrun hostname\n", "-N2")   # Batch(returncode, output, ...)
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = ("n1", "n2")
+DAEMONS = ("munged", "slurmctld", "slurmd")
+# Set by an outer launcher (an outer Slurm job, torchrun, mpirun): a job must not inherit them.
+LEAKY = re.compile(r"(SLURM_|SBATCH_|SRUN_|SALLOC_|OMPI_|PMIX_|PMI_|TORCHELASTIC_|MASTER_).*"
+                   r"|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|ROLE_RANK")
+
+
+class Batch(NamedTuple):
+    returncode: int  # the job's exit status (sbatch --wait exits with it)
+    output: str      # the job's output file (stdout and stderr)
+    job_id: int | None
+    log: str         # what sbatch itself printed
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot run the cluster, or None if it can."""
+    if os.geteuid() != 0:
+        return "the local Slurm cluster runs its daemons as root"
+    missing = [d for d in (*DAEMONS, "srun", "sbatch", "sinfo") if shutil.which(d) is None
+               and not Path("/usr/sbin", d).exists()]
+    return f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge)" if missing else None
+
+
+def _exe(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"  # daemons live in /usr/sbin, often not on PATH
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct TCP ports that nobody listens on (all held open until all are picked)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def _loopback(name: str) -> bool:
+    try:
+        return socket.gethostbyname(name).startswith("127.")
+    except OSError:
+        return False
+
+
+def _resolve_nodes() -> None:
+    """n1 and n2 must name this machine (slurmd looks itself up, jobs use MASTER_ADDR=n1)."""
+    if all(map(_loopback, NODES)):
+        return
+    with open("/etc/hosts", "a") as hosts:
+        hosts.write(f"127.0.0.1 {' '.join(NODES)}  # dpcourse test Slurm cluster\n")
+    if not all(map(_loopback, NODES)):
+        raise RuntimeError(f"{', '.join(NODES)} do not resolve to 127.0.0.1 even after adding them "
+                           "to /etc/hosts: check /etc/nsswitch.conf")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without the launcher variables of whatever runs the tests, plus ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if not LEAKY.fullmatch(k)},
+            "PYTHONUNBUFFERED": "1", **extra}
+
+
+class Cluster:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.conf = tmp / "slurm.conf"
+        self.env = {"SLURM_CONF": str(self.conf)}  # merge into a subprocess environment
+        self.python = sys.executable  # the venv python: jobs import dpcourse from it
+
+    def run(self, cmd: list[str], timeout: float = 60, env: dict | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Run ``cmd`` in the repo root against this cluster; stdout and stderr merged, as text."""
+        try:
+            return subprocess.run(cmd, cwd=ROOT, env=clean_env(**self.env, **(env or {})),
+                                  input=input, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.cancel_all()  # a killed srun/sbatch leaves its job behind; the next test needs the nodes
+            raise
+
+    def srun(self, *args: str, timeout: float = 60, env: dict | None = None):
+        return self.run(["srun", *map(str, args)], timeout, env)
+
+    def sbatch(self, script: str | Path, *args: str, timeout: float = 60,
+               env: dict | None = None) -> Batch:
+        """Submit a job and wait for it. ``script`` is a file (Path) or the script's text (str)."""
+        cmd = ["sbatch", "--wait", f"--output={self.tmp}/job-%j.out", *map(str, args)]
+        if isinstance(script, Path):
+            done = self.run([*cmd, str(script)], timeout, env)
+        else:
+            done = self.run(cmd, timeout, env, input=script)  # sbatch reads the script from stdin
+        m = re.search(r"Submitted batch job (\d+)", done.stdout)
+        job_id = int(m.group(1)) if m else None
+        return Batch(done.returncode, self.output(job_id) if m else "", job_id, done.stdout)
+
+    def output(self, job_id: int) -> str:
+        """A batch job's output file ('' if it has none yet)."""
+        path = self.tmp / f"job-{job_id}.out"
+        return path.read_text() if path.exists() else ""
+
+    def cancel_all(self) -> None:
+        subprocess.run(["scancel", f"--user={os.getuid()}"], env=clean_env(**self.env),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+
+    def logs(self) -> str:
+        """The tail of every daemon's log, for a failure message."""
+        return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                         for p in sorted(self.tmp.glob("*.log")))
+
+    def node_states(self) -> dict[str, str]:
+        done = self.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], timeout=10)
+        return dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
+
+
+def _write_config(tmp: Path, ctld_port: int, node_ports: list[int]) -> None:
+    host = socket.gethostname().split(".")[0]  # slurmctld only starts on the host SlurmctldHost names
+    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 State=UNKNOWN"
+                      for n, p in zip(NODES, node_ports))
+    (tmp / "slurm.conf").write_text(f"""\
+ClusterName=dpcourse
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={tmp}/munge.socket
+StateSaveLocation={tmp}/state
+SlurmdSpoolDir={tmp}/spool-%n
+SlurmctldPidFile={tmp}/slurmctld.pid
+SlurmdPidFile={tmp}/slurmd-%n.pid
+# No cgroups in a container: plain process tracking, no task binding or accounting.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+# Trust CPUs=2 even on a machine with fewer cores; a node that was down comes back by itself.
+SlurmdParameters=config_overrides
+ReturnToService=2
+# Refuse a request the cluster can never satisfy (srun -n5) instead of queueing it forever.
+EnforcePartLimits=ALL
+# sbatch --wait polls every 2 s while MinJobAge/2 <= 2 (else every 8, 32... s); a finished
+# job must outlive one poll, so it is kept 3 s.
+MinJobAge=3
+KillWait=2
+InactiveLimit=0
+{nodes}
+PartitionName=debug Nodes={NODES[0]},{NODES[1]} Default=YES MaxTime=INFINITE State=UP
+""")
+
+
+@contextmanager
+def start(timeout: float = 30):
+    """Start munged, slurmctld and a slurmd per node; yield a Cluster once every node is idle."""
+    if why := unavailable():
+        raise RuntimeError(why)
+    _resolve_nodes()
+    tmp = Path(tempfile.mkdtemp(prefix="dpcourse-slurm-"))
+    tmp.chmod(0o755)  # munged wants its socket folder reachable by every user
+    for sub in ("state", *(f"spool-{n}" for n in NODES)):
+        (tmp / sub).mkdir()
+    cluster, procs = Cluster(tmp), []
+    try:
+        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        _write_config(tmp, ctld_port, node_ports)
+        key = tmp / "munge.key"  # our own key: no clash with a system munged, nothing to share
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+
+        def daemon(name: str, *args: str) -> None:
+            # In the foreground (-F/-D), so that we own its pid; it logs to stderr, to NAME.log.
+            # A session of its own: Ctrl-C on pytest reaches pytest, whose teardown stops the daemons.
+            with open(tmp / f"{name}{'-' + args[-1] if name == 'slurmd' else ''}.log", "w") as log:
+                procs.append(subprocess.Popen([_exe(name), *args], env=clean_env(**cluster.env),
+                                              cwd=tmp, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+
+        daemon("munged", "-F", "--force", f"--key-file={key}", f"--socket={tmp}/munge.socket",
+               f"--pid-file={tmp}/munged.pid", "--log-file=/dev/null",
+               f"--seed-file={tmp}/munged.seed")
+        _wait(lambda: (tmp / "munge.socket").exists(), 10, "munged did not create its socket", cluster)
+        daemon("slurmctld", "-D", "-i")  # -i: ignore state from an earlier run (there is none)
+        for node in NODES:
+            daemon("slurmd", "-D", "-N", node)
+        _wait(lambda: _all_idle(cluster, procs), timeout,
+              f"the nodes did not become idle within {timeout:g} s", cluster)
+        yield cluster
+    finally:
+        if procs:
+            try:
+                cluster.cancel_all()
+            except (OSError, subprocess.SubprocessError):
+                pass
+        for p in reversed(procs):  # slurmds, then slurmctld, then munged
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _all_idle(cluster: Cluster, procs: list) -> bool:
+    if dead := [p.args[0] for p in procs if p.poll() is not None]:
+        raise RuntimeError(f"{', '.join(dead)} exited during start-up\n{cluster.logs()}")
+    states = cluster.node_states()
+    return all(states.get(n) == "idle" for n in NODES)
+
+
+def _wait(ready, timeout: float, what: str, cluster: Cluster) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}\n{cluster.logs()}")
+        time.sleep(0.2)

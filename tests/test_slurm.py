@@ -1,0 +1,113 @@
+"""hello.py under a real Slurm (the `slurm` fixture, tests/slurm.py): srun on one node and on two, sbatch."""
+import re
+import time
+import shlex
+
+import pytest
+
+pytestmark = pytest.mark.slow
+HELLO = "solutions/labs/hello.py"
+
+
+def assert_hello(output: str, world: int = 2) -> None:
+    for rank in range(world):
+        assert f"hello from rank {rank} of {world}" in output, output
+    # Rank 0 alone prints the sum 1 + 2 = 3.
+    assert len(re.findall(r"all_reduce\(rank \+ 1\) = 3\b", output)) == 1, output
+
+
+def test_srun_two_tasks_on_one_node(slurm, monkeypatch):
+    # What a torchrun or an outer job left in our environment must not reach the tasks:
+    # with these, hello.py would take the torchrun path or look for a master that is not there.
+    for name, value in {"RANK": "5", "WORLD_SIZE": "9", "MASTER_ADDR": "no-such-host.invalid",
+                        "SLURM_PROCID": "3", "SLURM_STEP_ID": "7"}.items():
+        monkeypatch.setenv(name, value)
+    done = slurm.srun("-N1", "-n2", slurm.python, HELLO)
+    assert done.returncode == 0, done.stdout
+    assert_hello(done.stdout)
+
+
+def test_srun_one_task_on_each_of_two_nodes(slurm):
+    done = slurm.srun("-N2", "-n2", slurm.python, HELLO, env={"MASTER_ADDR": "n1"})
+    assert done.returncode == 0, done.stdout
+    assert_hello(done.stdout)
+
+
+def test_sbatch_job_on_two_nodes(slurm):
+    script = f"""#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1
+set -euo pipefail
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+srun --label printenv SLURMD_NODENAME
+srun {shlex.quote(slurm.python)} {HELLO}
+"""
+    job = slurm.sbatch(script)
+    assert job.returncode == 0, job.log + job.output
+    assert "0: n1" in job.output and "1: n2" in job.output, job.output  # one task on each node
+    assert_hello(job.output)
+
+
+# ---- issue 5: what real launchers got wrong -----------------------------------------------
+MPIRUN = "mpirun --allow-run-as-root --oversubscribe -x PATH -x OMP_NUM_THREADS"
+
+
+def one_line(output: str) -> str:
+    """The only line a failed launch printed, besides Slurm's own `srun: error:` lines."""
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("srun: ")]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def test_mpirun_inside_a_two_node_sbatch_job_forms_one_group(slurm):
+    """mpirun's ranks also see the SLURM_* of the steps mpirun starts its daemons in: OMPI_* must win."""
+    script = f"""#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=2
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+{MPIRUN} -x MASTER_ADDR -np 4 {shlex.quote(slurm.python)} {HELLO}
+"""
+    job = slurm.sbatch(script, timeout=120)
+    assert job.returncode == 0, job.log + job.output
+    for rank in range(4):
+        assert f"hello from rank {rank} of 4" in job.output, job.output
+    assert job.output.count("all_reduce(rank + 1) = 10") == 1, job.output
+
+
+def test_mpirun_inside_an_srun_step_forms_one_group(slurm):
+    # mpirun starts its daemon on "n1" with a nested srun step; the emulated node's 2 CPUs are
+    # the outer step's, so that step must be allowed to overlap it.
+    done = slurm.run(["srun", "-N1", "-n1", "-c2", *MPIRUN.split(), "-np", "2", slurm.python, HELLO],
+                     timeout=120, env={"SLURM_OVERLAP": "1"})
+    assert done.returncode == 0, done.stdout
+    assert_hello(done.stdout)
+
+
+def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
+    """Two single-node `srun -n2` jobs start together (on n1 and n2: one host); no MASTER_PORT."""
+    import subprocess
+    from slurm import ROOT, clean_env
+    cmd = ["srun", "-N1", "-n2", slurm.python, HELLO]
+    jobs = [subprocess.Popen(cmd, cwd=ROOT, env=clean_env(**slurm.env), text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT) for _ in range(2)]
+    outs = [job.communicate(timeout=120)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outs
+    for out in outs:
+        assert_hello(out)
+
+
+def test_unresolvable_master_addr_under_srun_is_one_line_within_seconds(slurm):
+    start = time.perf_counter()
+    done = slurm.srun("-N1", "-n2", slurm.python, HELLO, env={"MASTER_ADDR": "no-such-node.invalid"})
+    assert done.returncode != 0 and time.perf_counter() - start < 20
+    assert one_line(done.stdout).startswith("[rank 0] MASTER_ADDR=no-such-node.invalid does not resolve")
+
+
+def test_a_task_that_dies_before_setup_is_named_by_rank0(slurm):
+    """Task 1 crashes before it reaches the rendezvous; srun without --kill-on-bad-exit lets rank 0 wait."""
+    crash_1 = f'[ "$SLURM_PROCID" = 1 ] && exit 3; exec {shlex.quote(slurm.python)} {HELLO}'
+    start = time.perf_counter()
+    done = slurm.srun("-N1", "-n2", "bash", "-c", crash_1, env={"DPCOURSE_RDZV_TIMEOUT_S": "4"})
+    assert done.returncode != 0 and time.perf_counter() - start < 20
+    line = one_line(done.stdout)
+    assert line.startswith("[rank 0] rank 1 of 2 did not join within 4 s") and "--kill-on-bad-exit=1" in line
