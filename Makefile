@@ -3,21 +3,35 @@
 #   make test      the whole test suite
 #   make lab       JupyterLab on your notebooks (notebooks/00_setup.ipynb first)
 #   make student   regenerate notebooks/ and labs/ from solutions/ (instructors)
-#   make check     run your notebooks and report which exercises pass
+#   make check     run your notebooks and report which exercises pass; make check NB=01: notebook 01 only
+#
+# No GPU? On Linux, PyPI's torch brings 3.2 GB of CUDA libraries. On a fresh clone (or after
+# rm -rf .venv), take PyTorch's CPU-only wheels instead:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+PYTHON      ?= $(shell command -v python3.11 || command -v python3)
+TORCH_INDEX ?=
+VENV        := .venv
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.installed-stamp
+INSTALL     := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+# torch and torchvision exactly as pyproject.toml pins them (torch==… torchvision==…)
+TORCH_PINS := $(shell sed -n 's/^ *"\(torch[a-z]*==[^"]*\)",*$$/\1/p' pyproject.toml)
+# nbgrader is the instructors' tool (make student, the tests): keep its menus and panels out of
+# the learners' JupyterLab. Disabled at .venv's level, a reinstall does not bring them back.
+NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader validate_assignment assignment_list course_list)
 
 .PHONY: setup data course lab test student check clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -n "$(PYTHON)" || { echo "No python3 found: install Python 3.11 (sudo apt-get install python3 python3-venv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): on Debian/Ubuntu run  sudo apt-get install python3-venv"; rm -rf $(VENV); exit 1; }
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(if $(TORCH_INDEX),$(INSTALL) --index-url $(TORCH_INDEX) $(TORCH_PINS))
+	$(INSTALL) -e '.[dev]'
+	@$(BIN)/jupyter server extension disable --sys-prefix $(NBGRADER_SERVER_EXTENSIONS) >/dev/null 2>&1
+	@$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
 	@touch $(STAMP)
 
 data: setup
@@ -35,8 +49,11 @@ test: setup
 student: setup
 	$(BIN)/python -m dpcourse.course student
 
+# An unfinished exercise is not a crash: after the summary, end make with SIGPIPE, which neither
+# make nor the shell reports (status 141), instead of make's "*** [Makefile:NN: check] Error 1".
+# Where SIGPIPE is ignored, `exit 1` still fails the usual way.
 check: setup
-	$(BIN)/python -m dpcourse.course check
+	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') || { kill -PIPE $$PPID; exit 1; }
 
 clean:
 	rm -rf build .pytest_cache

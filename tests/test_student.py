@@ -1,4 +1,5 @@
-"""Single-source exercises: notebooks/ and labs/ are generated from solutions/ and leak nothing."""
+"""Single-source exercises: notebooks/ and labs/ are generated from solutions/ and leak nothing;
+`make check` tells a learner where each exercise stands."""
 import re
 import shutil
 import sys
@@ -8,7 +9,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.course import BEGIN, END, generate_student, student_script
+from dpcourse.course import BEGIN, END, generate_student, student_notebook, student_script
 
 pytest.importorskip("nbgrader")
 
@@ -34,6 +35,13 @@ def sources(folder: Path) -> dict[str, str]:
     for path in sorted((folder / "labs").glob("*.py")) if (folder / "labs").exists() else []:
         out["labs/" + path.name] = path.read_text()
     return out
+
+
+def stub_blocks(text: str) -> list[list[str]]:
+    """Each generated stub: its lines from ``# YOUR CODE HERE`` to the ``raise``, indentation kept."""
+    return [block.group(0).splitlines() for block in
+            re.finditer(r"^[ \t]*# YOUR CODE HERE\n(?:[ \t]*#.*\n)*[ \t]*raise NotImplementedError\(.*$",
+                        text, re.M)]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +86,8 @@ def test_student_notebooks_have_no_outputs_and_stubs_with_hints(generated):
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None
-                hints += len(re.findall(r'raise NotImplementedError\("Exercise: .{8,}"\)', cell.source))
+                hints += sum(block[1].lstrip().startswith("# Hint: ") and len(block[1]) > 20
+                             for block in stub_blocks(cell.source))
     assert hints >= 2, "notebook 01's two exercises should be stubs with a hint each"
 
 
@@ -86,12 +95,36 @@ def test_py_lab_markers_become_stubs_keeping_indentation():
     src = ("def step(p, lr):\n    with no_grad():\n        ### BEGIN SOLUTION (hint: p -= lr * p.grad)\n"
            "        p -= lr * p.grad\n        ### END SOLUTION\n    return p\n")
     out = student_script(src)
-    assert '        raise NotImplementedError("Exercise: p -= lr * p.grad")' in out
-    assert "p -= lr * p.grad\n" not in out.replace('"Exercise: p -= lr * p.grad"', "")
+    assert ('        # YOUR CODE HERE\n        # Hint: p -= lr * p.grad\n'
+            '        raise NotImplementedError("Exercise: see the hint above")\n    return p\n') in out
+    assert "        p -= lr * p.grad\n" not in out
     compile(out, "lab.py", "exec")  # still valid Python
     assert student_script("print('no exercise')\n") == "print('no exercise')\n"
 
 
+def test_stub_puts_the_hint_on_wrapped_comment_lines_keeping_indentation():
+    hint = ("for each example, its own loss, then torch.autograd.grad of it w.r.t. (W, b); "
+            "stack the results into one tensor per parameter, examples first")
+    src = (f"def f(W, b, X, y):\n    for i in range(3):\n        if True:\n"
+           f"            ### BEGIN SOLUTION (hint: {hint})\n            pass\n            ### END SOLUTION\n")
+    [block] = stub_blocks(student_script(src))
+    assert block[0] == "            # YOUR CODE HERE"
+    assert block[1].startswith("            # Hint: for each example")
+    assert all(line.startswith("            #       ") for line in block[2:-1]) and len(block) > 3
+    assert block[-1] == '            raise NotImplementedError("Exercise: see the hint above")'
+    assert " ".join(line.split("#", 1)[1].strip() for line in block[1:-1]) == "Hint: " + hint
+    assert max(map(len, block)) <= 88 and any("(W, b);" in line for line in block)  # "(...)" is never split
+
+
+def test_every_generated_stub_line_fits_the_editor(generated):
+    texts = {**sources(generated / "notebooks"), **{p.name: p.read_text() for p in (generated / "labs").glob("*.py")}}
+    blocks = [(name, block) for name, text in texts.items() for block in stub_blocks(text)]
+    assert len(blocks) >= 2, "notebook 01's two exercises should be stubs"
+    long = [(name, line) for name, block in blocks for line in block if len(line) > 100]
+    assert not long, f"stub lines longer than 100 characters: {long}"
+
+
+# ---------------------------------------------------------------- make check
 @pytest.mark.slow
 def test_make_check_reports_each_exercise(tmp_path):
     """A learner completes exercise 1 of notebook 01 and leaves exercise 2: check says so."""
@@ -99,8 +132,8 @@ def test_make_check_reports_each_exercise(tmp_path):
     shutil.copy(ROOT / "notebooks" / path.name, path)
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
-        if 'raise NotImplementedError("Exercise: move p in place' in cell.source:
-            cell.source = re.sub(r"# YOUR CODE HERE\n\s*raise NotImplementedError\(.*\)",
+        if "def sgd_step" in cell.source:
+            cell.source = re.sub(r"# YOUR CODE HERE\n(\s*#.*\n)*\s*raise NotImplementedError\(.*\)",
                                  "p -= lr * p.grad\n            p.grad = None", cell.source)
     nbformat.write(nb, path)
     result = run([sys.executable, "-m", "dpcourse.course", "check", str(tmp_path)], timeout=300)
@@ -108,3 +141,74 @@ def test_make_check_reports_each_exercise(tmp_path):
     assert "✓ 01_minibatch_sgd.ipynb: exercise 1 — the SGD update step — pass" in result.stdout
     assert "✗ 01_minibatch_sgd.ipynb: exercise 2" in result.stdout and "not done yet" in result.stdout
     assert "1 of 2 exercises pass." in result.stdout
+
+
+def learner_notebooks(folder: Path) -> None:
+    """A learner's copies: 00 without exercises; 01 with a typo, two untouched stubs, one done, one broken cell."""
+    code, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+
+    def check(source):
+        return code(source, metadata={"tags": ["check"]})
+
+    solution = nbformat.v4.new_notebook(cells=[
+        md("# Exercises"),
+        code("raise ValueError('no data here')"),
+        code("def double(x):\n    ### BEGIN SOLUTION (hint: twice x)\n    return 2 * x\n    ### END SOLUTION"),
+        check("# CHECK: exercise 1 — double\nassert double(2) == 4"),
+        code("### BEGIN SOLUTION (hint: set y to 3)\ny = 3\n### END SOLUTION"),
+        check("# CHECK: exercise 2 — y\nassert y == 3"),
+        code("def triple(x):\n    ### BEGIN SOLUTION (hint: three times x)\n    return 3 * x\n    ### END SOLUTION"),
+        check("# CHECK: exercise 3 — triple\nassert triple(1) == 3"),
+        code("def half(x):\n    ### BEGIN SOLUTION (hint: x over 2)\n    return x / 2\n    ### END SOLUTION"),
+        check("# CHECK: exercise 4 — half\nassert half(4) == 2"),
+        code("print(y + 1)"),  # fails because exercise 2 is not done: not worth a warning
+    ])
+    nb = student_notebook(solution)
+    stub = re.compile(r"# YOUR CODE HERE\n(?:\s*#.*\n)*\s*raise NotImplementedError\(.*\)")
+    nb.cells[2].source = stub.sub("return 2 * gard", nb.cells[2].source)  # a typo
+    nb.cells[8].source = stub.sub("return x / 2", nb.cells[8].source)     # done
+    nbformat.write(nb, folder / "01_exercises.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[code("print('hello')")]), folder / "00_intro.ipynb")
+
+
+@pytest.mark.slow
+def test_check_tells_a_learners_error_from_an_unfinished_exercise(tmp_path):
+    learner_notebooks(tmp_path)
+    result = run([sys.executable, "-m", "dpcourse.course", "check", str(tmp_path)], timeout=300)
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert "Save the notebook first (Ctrl+S): make check runs the saved file." in out
+    assert "00_intro.ipynb: no exercises" in out
+    assert "✗ 01_exercises.ipynb: exercise 1 — double — fails: NameError: name 'gard' is not defined" in out
+    assert "✗ 01_exercises.ipynb: exercise 2 — y — not done yet" in out  # its exercise cell is a stub
+    assert "✗ 01_exercises.ipynb: exercise 3 — triple — not done yet" in out  # the check calls a stub
+    assert ("! 01_exercises.ipynb: cell 2 raised ValueError: no data here; "
+            "the checks after it may fail because of it") in out
+    assert "cell 11" not in out  # print(y + 1) fails after unfinished exercises: not reported
+    assert "✓ 01_exercises.ipynb: exercise 4 — half — pass" in out
+    assert out.rstrip().endswith("1 of 4 exercises pass.")
+
+
+def test_check_one_notebook_by_its_number(tmp_path):
+    learner_notebooks(tmp_path)
+    check = [sys.executable, "-m", "dpcourse.course", "check", str(tmp_path), "--notebook"]
+    result = run([*check, "00"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "00_intro.ipynb: no exercises" in result.stdout and "01_exercises" not in result.stdout
+    result = run([*check, "07"], timeout=120)
+    assert result.returncode == 1
+    assert 'starts with "07"' in result.stdout and "00_intro, 01_exercises" in result.stdout
+
+
+@pytest.mark.skipif(not shutil.which("make") or not (ROOT / ".venv/bin/python").exists(),
+                    reason="needs make and the course's .venv")
+def test_make_check_ends_without_makes_error_line():
+    # -o: use the environment as it is, never reinstall it from a test
+    make = ["make", "--no-print-directory", "-o", ".venv/.installed-stamp", "check"]
+    result = run([*make, "NB=00"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "00_setup.ipynb: no exercises" in result.stdout and "01_" not in result.stdout
+    result = run([*make, "NB=zz"], timeout=120)
+    assert result.returncode != 0
+    assert 'starts with "zz"' in result.stdout
+    assert "make:" not in result.stdout and "Error" not in result.stdout, result.stdout

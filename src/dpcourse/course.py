@@ -1,16 +1,18 @@
 """The course's own tools: run every notebook, make the student copies, check a learner's work.
 
-    python -m dpcourse.course run       # `make course`: execute solutions/*.ipynb into build/, print a table
-    python -m dpcourse.course student   # `make student`: solutions/ → notebooks/ + labs/ (nbgrader as a library)
-    python -m dpcourse.course check     # `make check`: run the learner's notebooks, report each exercise
+    .venv/bin/python -m dpcourse.course run       # `make course`: execute solutions/*.ipynb into build/
+    .venv/bin/python -m dpcourse.course student   # `make student`: solutions/ → notebooks/ + labs/
+    .venv/bin/python -m dpcourse.course check     # `make check`: run the learner's notebooks, report each exercise
 
 Exercise regions use nbgrader's markers: ``### BEGIN SOLUTION`` / ``### END SOLUTION`` in code
 (``.ipynb`` cells and ``.py`` labs alike), ``<!-- BEGIN SOLUTION -->`` / ``<!-- END SOLUTION -->``
-in markdown. Text after the begin marker in parentheses is the hint the stub raises::
+in markdown. Text after the begin marker in parentheses is the hint, wrapped into comment lines
+above the stub's ``raise``::
 
     ### BEGIN SOLUTION (hint: p -= lr * p.grad)
     ->  # YOUR CODE HERE
-        raise NotImplementedError("Exercise: p -= lr * p.grad")
+        # Hint: p -= lr * p.grad
+        raise NotImplementedError("Exercise: see the hint above")
 
 A code cell tagged ``check`` whose first line is ``# CHECK: <name>`` is a learner-facing check.
 """
@@ -20,6 +22,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -29,7 +32,10 @@ from .data import project_root
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 HINT = re.compile(r"BEGIN SOLUTION\s*\((?:hint:\s*)?(.*)\)\s*(?:-->)?\s*$")
-STUB = '# YOUR CODE HERE\nraise NotImplementedError("Exercise: {hint}")'
+STUB_RAISE = 'raise NotImplementedError("Exercise: see the hint above")'
+STUB_WIDTH = 88  # the hint's comment lines, indentation included
+# An exercise still as generated: its stub's comment lines, then the raise.
+UNTOUCHED = re.compile(r'# YOUR CODE HERE\n(?:[ \t]*#.*\n)*[ \t]*raise NotImplementedError\("Exercise:')
 TEXT_STUB = "*Your answer here.*"
 CELL_TIMEOUT_S = 300
 
@@ -84,14 +90,28 @@ def run_course(folder: Path, out: Path) -> int:
 
 
 # ---------------------------------------------------------------- make student
+def stub(hint: str, indent: int = 0) -> str:
+    """What an exercise region becomes: the hint on comment lines that fit the editor, then a raise.
+
+    Each clause of the hint (they end with ";") starts a line; a long one wraps, never inside "(...)".
+    """
+    hint = hint.strip() or "write the missing code"
+    hint = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\xa0"), hint)  # textwrap keeps \xa0 joined
+    width = STUB_WIDTH - indent - len("# Hint: ")
+    lines = [line.replace("\xa0", " ") for clause in re.split(r"(?<=;)\s+", hint)
+             for line in textwrap.wrap(clause, width, break_long_words=False, break_on_hyphens=False)]
+    hint_lines = ["# Hint: " + lines[0]] + ["#       " + line for line in lines[1:]]
+    return "\n".join(["# YOUR CODE HERE", *hint_lines, STUB_RAISE])
+
+
 def _clear_solutions(cell) -> None:
-    """nbgrader's ClearSolutions on one cell, with this cell's hint in the stub."""
+    """nbgrader's ClearSolutions on one cell, with the hint of its first exercise region in the stub."""
     from nbgrader.preprocessors import ClearSolutions
 
-    hints = [m.group(1).strip() for line in cell.source.splitlines() if (m := HINT.search(line))]
-    hint = (hints[0] if hints else "write the missing code").replace('"', "'")
-    pp = ClearSolutions(enforce_metadata=False, code_stub={"python": STUB.format(hint=hint)},
-                        text_stub=TEXT_STUB)
+    marker = next(line for line in cell.source.splitlines() if BEGIN in line)
+    hint = m.group(1) if (m := HINT.search(marker)) else ""
+    code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()))  # nbgrader indents it like the marker
+    pp = ClearSolutions(enforce_metadata=False, code_stub={"python": code_stub}, text_stub=TEXT_STUB)
     pp.preprocess_cell(cell, {"language": "python"}, 0)
 
 
@@ -134,39 +154,85 @@ def generate_student(src: Path, dest: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------- make check
-def check_results(nb) -> list[tuple[str, str]]:
-    """(exercise, verdict) for every ``check`` cell of an executed notebook."""
-    results = []
-    for cell in nb.cells:
-        if cell.cell_type != "code" or "check" not in cell.metadata.get("tags", []):
+def _is_check(cell) -> bool:
+    return cell.cell_type == "code" and "check" in cell.metadata.get("tags", [])
+
+
+def _is_stub(error) -> bool:
+    """The error an exercise stub raises: the exercise is not done yet."""
+    return error["ename"] == "NotImplementedError" and error["evalue"].startswith("Exercise:")
+
+
+def _error_line(error) -> str:
+    return f"{error['ename']}: {error['evalue']}".splitlines()[0][:120]
+
+
+def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
+    """What `make check` says about an executed notebook, in cell order: ("✓" or "✗", "<exercise> — <verdict>")
+    for each ``check`` cell, and ("!", "cell N raised ...") for another cell's error.
+
+    A failing check is "not done yet" when it met a stub: the stub's NotImplementedError, or an exercise
+    cell above it (since the previous check) that raised it or still holds it untouched. Once an exercise
+    is unfinished or failing, later cells' errors are not reported: they may well come from it.
+    """
+    results, stub_above, failing = [], False, False
+    for number, cell in enumerate(nb.cells, 1):
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if not _is_check(cell):
+            stub_above |= bool(UNTOUCHED.search(cell.source)) or any(map(_is_stub, errors))
+            failing |= stub_above
+            if errors and not failing:
+                results.append(("!", f"cell {number} raised {_error_line(errors[0])}; "
+                                     "the checks after it may fail because of it"))
             continue
         first = cell.source.splitlines()[0] if cell.source else ""
         name = first.split("CHECK:", 1)[-1].strip() if "CHECK:" in first else "check"
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if not errors:
+        if cell.get("execution_count") is None:
+            verdict = f"not run: the notebook stopped before it ({stopped or 'it did not finish'})"
+        elif not errors:
             verdict = "pass"
-        elif errors[0]["ename"] in ("NotImplementedError", "NameError"):
+        elif stub_above or _is_stub(errors[0]):
             verdict = "not done yet"
         else:
-            verdict = f"fails: {errors[0]['ename']}: {errors[0]['evalue']}".splitlines()[0][:120]
-        results.append((name, verdict))
+            verdict = f"fails: {_error_line(errors[0])}"
+        results.append(("✓" if verdict == "pass" else "✗", f"{name} — {verdict}"))
+        stub_above, failing = False, failing or verdict != "pass"
     return results
 
 
-def check_learner(folder: Path) -> int:
-    rows = []
-    for path in _solution_notebooks(folder):
-        nb, _, _ = execute(path, allow_errors=True)
-        rows += [(path.name, name, verdict) for name, verdict in check_results(nb)]
-    if not rows:
-        print(f"No exercises found in {folder}.")
+def _shown(folder: Path) -> str:
+    """``folder`` as the learner would type it: relative to here when it is below here."""
+    try:
+        return str(folder.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(folder)
+
+
+def check_learner(folder: Path, prefix: str = "") -> int:
+    """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's verdict."""
+    everything = _solution_notebooks(folder)
+    paths = [p for p in everything if p.name.startswith(prefix)]
+    if not paths:
+        print(f'No notebook in {_shown(folder)}/ starts with "{prefix}"; '
+              f'the notebooks are {", ".join(p.stem for p in everything) or "none"}.')
         return 1
-    for notebook, name, verdict in rows:
-        mark = "✓" if verdict == "pass" else "✗"
-        print(f"{mark} {notebook}: {name} — {verdict}")
-    done = sum(v == "pass" for *_, v in rows)
-    print(f"\n{done} of {len(rows)} exercises pass.")
-    return 0 if done == len(rows) else 1
+    print("Save the notebook first (Ctrl+S): make check runs the saved file.")
+    passed = failed = 0
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        if not any(map(_is_check, nb.cells)):
+            print(f"- {path.name}: no exercises here")
+            continue
+        print(f"  running {path.name} ...", flush=True)
+        nb, _, stopped = execute(path, allow_errors=True)
+        for mark, text in check_results(nb, stopped):
+            print(f"{mark} {path.name}: {text}", flush=True)
+            passed, failed = passed + (mark == "✓"), failed + (mark == "✗")
+    if passed + failed:
+        print(f"\n{passed} of {passed + failed} exercises pass.")
+    return 0 if failed == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write here instead of the checkout")
     p = sub.add_parser("check", help="run the learner's notebooks and report each exercise")
     p.add_argument("folder", type=Path, nargs="?", default=None)
+    p.add_argument("--notebook", default="", metavar="PREFIX", help="only the notebooks whose names start so (01)")
     args = parser.parse_args(argv)
     top = _root()
     os.environ.setdefault("DPCOURSE_DATA", str(top / "data"))
@@ -187,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         written = generate_student(top / "solutions", args.out or top)
         print(f"wrote {len(written)} student files")
         return 0
-    return check_learner(args.folder or top / "notebooks")
+    return check_learner(args.folder or top / "notebooks", args.notebook)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ Files are verified on their *uncompressed* bytes: Debian's ``.gz`` files have an
 header than the upstream ones, so the ``.gz`` checksums differ although the images are the
 same. A truncated or corrupt file is reported by name and never used.
 
-    python -m dpcourse.data fetch     # stage the data (with a progress bar)
-    python -m dpcourse.data verify    # check what is there
+    .venv/bin/python -m dpcourse.data fetch     # stage the data (with a progress bar)
+    .venv/bin/python -m dpcourse.data verify    # check what is there
 """
 from __future__ import annotations
 
@@ -101,9 +101,10 @@ def check_file(path: Path, name: str, bar: tqdm | None = None) -> str | None:
 
 def _corrupt(path: Path, problem: str, root: Path) -> CourseError:
     return CourseError(
-        f"FashionMNIST: {problem}. It was not used. Delete it and stage the data again:\n"
+        f"FashionMNIST: {problem}. It was not used. "
+        "Delete it and stage the data again, in the course folder:\n"
         f"    rm {path}\n"
-        f"    python -m dpcourse.data fetch --data-root {root}")
+        f"    .venv/bin/python -m dpcourse.data fetch --data-root {root}")
 
 
 def _unpack(gz: Path, dest: Path, name: str) -> str | None:
@@ -159,8 +160,8 @@ def _no_data_message(root: Path, system_dir: Path, why: str) -> str:
         "--data-root / DPCOURSE_DATA at a folder that has them;\n"
         f"  2. install Debian's package: sudo apt-get install dataset-fashion-mnist "
         f"(files in {system_dir});\n"
-        "  3. connect to the internet and run: python -m dpcourse.data fetch "
-        "(torchvision's checksummed download).\n"
+        "  3. connect to the internet and run, in the course folder: "
+        ".venv/bin/python -m dpcourse.data fetch (torchvision's checksummed download).\n"
         f"The download failed with: {why}")
 
 
