@@ -212,3 +212,12 @@ def test_make_check_ends_without_makes_error_line():
     assert result.returncode != 0
     assert 'starts with "zz"' in result.stdout
     assert "make:" not in result.stdout and "Error" not in result.stdout, result.stdout
+
+
+def test_each_exercise_region_of_a_lab_gets_its_own_hint():
+    src = ("def a():\n    ### BEGIN SOLUTION (hint: first hint)\n    return 1\n    ### END SOLUTION\n\n\n"
+           "def b():\n        ### BEGIN SOLUTION (hint: second hint)\n        return 2\n        ### END SOLUTION\n")
+    out = student_script(src)
+    assert "    # Hint: first hint\n" in out and "        # Hint: second hint\n" in out
+    assert "return 1" not in out and "return 2" not in out
+    compile(out, "lab.py", "exec")

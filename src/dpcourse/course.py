@@ -105,14 +105,28 @@ def stub(hint: str, indent: int = 0) -> str:
 
 
 def _clear_solutions(cell) -> None:
-    """nbgrader's ClearSolutions on one cell, with the hint of its first exercise region in the stub."""
+    """nbgrader's ClearSolutions on one cell, each exercise region with its own hint and indent."""
     from nbgrader.preprocessors import ClearSolutions
 
-    marker = next(line for line in cell.source.splitlines() if BEGIN in line)
-    hint = m.group(1) if (m := HINT.search(marker)) else ""
-    code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()))  # nbgrader indents it like the marker
-    pp = ClearSolutions(enforce_metadata=False, code_stub={"python": code_stub}, text_stub=TEXT_STUB)
-    pp.preprocess_cell(cell, {"language": "python"}, 0)
+    chunks, current = [], []  # one region per chunk: nbgrader's stub is the same for a whole cell
+    for line in cell.source.splitlines(keepends=True):
+        current.append(line)
+        if END in line:
+            chunks.append("".join(current))
+            current = []
+    chunks.append("".join(current))
+    cleared = []
+    for chunk in chunks:
+        if BEGIN in chunk:
+            marker = next(line for line in chunk.splitlines() if BEGIN in line)
+            hint = m.group(1) if (m := HINT.search(marker)) else ""
+            code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()))  # indented like the marker
+            part = nbformat.v4.new_code_cell(chunk) if cell.cell_type == "code" else nbformat.v4.new_markdown_cell(chunk)
+            ClearSolutions(enforce_metadata=False, code_stub={"python": code_stub},
+                           text_stub=TEXT_STUB).preprocess_cell(part, {"language": "python"}, 0)
+            chunk = part.source + ("\n" if chunk.endswith("\n") and not part.source.endswith("\n") else "")
+        cleared.append(chunk)
+    cell.source = "".join(cleared)
 
 
 def student_notebook(nb):
