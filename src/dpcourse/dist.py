@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import NoReturn
 from datetime import timedelta
 
 import torch
@@ -165,15 +168,39 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _quiet_exit(info: DistEnv, message: str, everyone: bool = False) -> CourseError | SystemExit:
-    """The error to raise: the message on rank 0 (or on every rank), a quiet exit 1 elsewhere.
+def stop(info: DistEnv, message: str, everyone: bool = False) -> NoReturn:
+    """End this rank with ``message``: said by rank 0 (or by every rank), the others exit quietly.
 
-    A problem every rank meets alike (a missing variable) is said once, by rank 0; the others
-    exit with status 1 without a word, so the learner reads one line, not one per rank.
+    A problem every rank meets alike (a missing variable, a batch that does not divide) is said
+    once, by rank 0; the others exit with status 1 without a word, a second later, so that a
+    launcher that stops the job when one rank fails lets rank 0 speak first.
     """
     if everyone or info.rank == 0:
-        return CourseError(f"[rank {info.rank}] {message}")
-    return SystemExit(1)
+        raise CourseError(f"[rank {info.rank}] {message}")
+    time.sleep(1.0)
+    raise SystemExit(1)
+
+
+# What gloo, NCCL and the TCPStore say when the rank on the other end of a collective is gone.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Socket Timeout", "Timed out waiting", "timed out", "NCCL communicator was aborted")
+
+
+def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
+    """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a traceback.
+
+    (torch's own hook, installed by init_process_group around this one, adds the "[rankN]:" tag.)
+    """
+    text = str(err)
+    if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
+            and not os.environ.get("DPCOURSE_TRACEBACK"):
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        first = re.sub(r"^(\[[^\]]*\]:?\s*)+", "", first).split(". ")[0][:120]  # no source paths
+        print(f"lost another rank in the middle of a collective ({first}). It probably crashed, "
+              "was killed or ran out of time: its own output says why. "
+              "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)", file=sys.stderr, flush=True)
+        return
+    fallback(kind, err, tb)
 
 
 def _resolve(host: str, seconds: float = 10.0) -> str | None:
@@ -218,7 +245,8 @@ def _wait_until_listening(addr: str, port: int, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
-_ROLL_CALL: list = []  # rank 0's store: init_process_group's env:// rendezvous serves on it too
+_ROLL_CALL: list = []
+_SCONTROL = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'  # rank 0's store: init_process_group's env:// rendezvous serves on it too
 
 
 def _roll_call(info: DistEnv, addr: str, port: int, timeout_s: float) -> None:
@@ -288,6 +316,26 @@ def _roll_call(info: DistEnv, addr: str, port: int, timeout_s: float) -> None:
         raise SystemExit(1)  # rank 0 names the missing ranks
 
 
+def _fresh_store_after_restart(info: DistEnv) -> None:
+    """After a ``torchrun --max-restarts`` restart, point env:// at a fresh store on a new port.
+
+    torchrun (torch >= 2.4) lends its own rendezvous store to the workers. After a restart that
+    store still holds the dead attempt's addresses, and the new attempt's init_process_group
+    connects to them and fails (pytorch/pytorch#135712; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    on torchrun's side avoids it too). Rank 0 picks a free port and announces it through
+    torchrun's store under this attempt's number; init_process_group then starts afresh there.
+    """
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False)
+    key = f"dpcourse/restart{attempt}/port"
+    if info.rank == 0:
+        agent.set(key, str(free_port("0.0.0.0")))
+    agent.wait([key])
+    os.environ["MASTER_PORT"] = agent.get(key).decode()
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+
+
 def prepare(backend: str = "auto", device: str = "auto",
             rendezvous_timeout_s: float | None = None) -> DistEnv:
     """Everything ``dist.init_process_group`` needs, settled and checked, before a lab calls it.
@@ -300,30 +348,34 @@ def prepare(backend: str = "auto", device: str = "auto",
     60 s, or $DPCOURSE_RDZV_TIMEOUT_S). Each problem ends in one line saying what to do.
     """
     info = env_info()
-    backend = choose_backend(backend, device)
-    dev = choose_device(backend, info.local_rank, device)
+    try:
+        backend = choose_backend(backend, device)
+        dev = choose_device(backend, info.local_rank, device)
+    except CourseError as err:  # every rank asked for the same thing: rank 0 says it
+        stop(info, err.message)
+    if info.world_size > 1:
+        sys.excepthook = partial(_explain_lost_peer, fallback=sys.__excepthook__)
     if info.launcher == "none":  # one process: a private group on this machine
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(free_port())
     elif info.launcher != "torchrun":  # torchrun sets both itself
         if "MASTER_ADDR" not in os.environ:
             if info.local_world_size != info.world_size:  # several nodes: rank 0's must be named
-                raise _quiet_exit(info,
-                    f"Launched by {info.launcher} with {info.world_size} tasks on several nodes, "
-                    "but MASTER_ADDR is not set. Export rank 0's host before the launch, e.g. "
-                    "in an sbatch script: "
-                    "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)")
+                stop(info, f"Launched by {info.launcher} with {info.world_size} tasks on several "
+                     "nodes, but MASTER_ADDR is not set. Export rank 0's host before the launch, "
+                     f"e.g. in an sbatch script: {_SCONTROL}")
             os.environ["MASTER_ADDR"] = "127.0.0.1"  # every rank is on this node
         os.environ.setdefault("MASTER_PORT", str(default_port()))
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" \
+            and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        _fresh_store_after_restart(info)
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if info.launcher != "torchrun" and _resolve(addr) is None:
-        # Said by rank 0, and by the first rank of every other node: names can resolve on one
+        # Said by rank 0, and by the first rank of every other node: a name can resolve on one
         # node and not on another.
-        raise _quiet_exit(info, f"MASTER_ADDR={addr} does not resolve on {socket.gethostname()}. "
-                          "Check the spelling; it must be rank 0's host, e.g. "
-                          "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" "
-                          "| head -n 1), or an IP address.",
-                          everyone=info.local_rank == 0 and info.local_world_size != info.world_size)
+        stop(info, f"MASTER_ADDR={addr} does not resolve on {socket.gethostname()}. Check the "
+             f"spelling; it must be rank 0's host, e.g. {_SCONTROL}, or an IP address.",
+             everyone=info.local_rank == 0 and info.local_world_size != info.world_size)
     if info.launcher in ("slurm", "mpi"):
         timeout = rendezvous_timeout_s or float(os.environ.get("DPCOURSE_RDZV_TIMEOUT_S", 60))
         _roll_call(info, addr, port, timeout)
@@ -361,25 +413,34 @@ def _all_ok(ok: bool) -> bool:
     return bool(flag.item())
 
 
+_inside_rank0_first = False  # nested blocks (a lab's around the data layer's) are plain blocks
+
+
 @contextmanager
 def rank0_first():
     """Rank 0 runs the block first (download, unpack, cache); the others wait, then run it.
 
     If rank 0 fails, it raises its own error and the other ranks exit quietly with status 1,
-    so the learner reads one message, not one traceback per rank. Without a process group
-    this is a plain block.
+    so the learner reads one message, not one traceback per rank. Without a process group,
+    or inside another ``rank0_first`` block, this is a plain block.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    global _inside_rank0_first
+    if _inside_rank0_first or not (dist.is_available() and dist.is_initialized()) \
+            or dist.get_world_size() == 1:
         yield
         return
-    if dist.get_rank() == 0:
-        try:
+    _inside_rank0_first = True
+    try:
+        if dist.get_rank() == 0:
+            try:
+                yield
+            except BaseException:
+                _all_ok(False)
+                raise
+            _all_ok(True)
+        else:
+            if not _all_ok(True):
+                raise SystemExit(1)  # rank 0 has printed why
             yield
-        except BaseException:
-            _all_ok(False)
-            raise
-        _all_ok(True)
-    else:
-        if not _all_ok(True):
-            raise SystemExit(1)  # rank 0 has printed why
-        yield
+    finally:
+        _inside_rank0_first = False

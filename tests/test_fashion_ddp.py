@@ -1,0 +1,214 @@
+"""The DDP lab, solutions/labs/fashion_ddp.py, through real torchrun runs on the real FashionMNIST."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import OFFLINE, ROOT, run, torchrun_cmd
+from dpcourse.data import InMemoryFashionMNIST
+from dpcourse.dist import free_port
+from dpcourse.models import FashionCNN
+
+pytestmark = pytest.mark.slow
+LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
+
+
+def lab(nproc, *args, timeout=180, env=None):
+    """torchrun the lab; (CompletedProcess, rank 0's log records)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "log.jsonl"
+        result = run(torchrun_cmd(nproc, LAB, *args, "--log-json", log), timeout=timeout, env=env)
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return result, records
+
+
+def messages(output):
+    """What the ranks said, without torchrun's own lines."""
+    return [line for line in output.splitlines() if line.strip() and not line.startswith(("W1", "E1", "I1"))
+            and "torch.distributed" not in line and "torchrun" not in line.lower()]
+
+
+def single_process_accuracy(weights):
+    """Accuracy of saved weights on all 10,000 test images, in this process, no group."""
+    model = FashionCNN()
+    model.load_state_dict(torch.load(weights, weights_only=True))
+    model.eval()
+    x, y = InMemoryFashionMNIST(train=False)[torch.arange(10_000)]
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+@pytest.mark.parametrize("nproc, batch", [(1, "128"), (2, "128"), (3, "126")])
+def test_sharded_evaluation_counts_every_test_image_once(nproc, batch, tmp_path, fashion_root):
+    weights = tmp_path / "w.pt"
+    result, log = lab(nproc, "--max-steps", "15", "--global-batch-size", batch, "--save-model", weights)
+    assert result.returncode == 0, result.stdout
+    done = log[-1]
+    assert done["event"] == "done" and done["test_images"] == 10_000 and done["world_size"] == nproc
+    assert done["test_accuracy"] == pytest.approx(single_process_accuracy(weights), abs=1e-6)
+    assert done["replicas_max_diff"] == 0.0  # DDP kept the replicas identical
+
+
+def test_two_workers_equal_one_worker_with_the_same_global_batch(tmp_path, fashion_root):
+    common = ["--global-batch-size", "128", "--optimizer", "sgd", "--deterministic", "--max-steps", "50"]
+    one, _ = lab(1, *common, "--save-model", tmp_path / "one.pt")
+    two, _ = lab(2, *common, "--save-model", tmp_path / "two.pt")
+    assert one.returncode == 0 and two.returncode == 0, one.stdout + two.stdout
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    rel = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
+    assert rel <= 1e-5, f"max relative difference {rel:.2e}"
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, fashion_root):
+    common = ["--deterministic", "--epochs", "1"]
+    full, _ = lab(2, *common, "--max-steps", "60", "--save-model", tmp_path / "full.pt")
+    part, _ = lab(2, *common, "--max-steps", "35", "--checkpoint-dir", tmp_path / "ck")
+    rest, log = lab(2, *common, "--max-steps", "60", "--resume", tmp_path / "ck" / "last.pt",
+                    "--save-model", tmp_path / "resumed.pt")
+    assert full.returncode == part.returncode == rest.returncode == 0, full.stdout + part.stdout + rest.stdout
+    assert "resumed at step 35" in rest.stdout
+    a, b = torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "resumed.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ended with other weights"
+    assert log[-1]["step"] == 60
+
+
+def _worker_pid(marker: str, rank: int) -> int | None:
+    """The pid of the lab worker with RANK=rank whose command line holds ``marker``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if marker in (proc / "cmdline").read_text() and "torch.distributed.run" not in (proc / "cmdline").read_text():
+                if f"\0RANK={rank}\0" in "\0" + (proc / "environ").read_text():
+                    return int(proc.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp_path, fashion_root):
+    ck = tmp_path / "ck"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           str(LAB), "--checkpoint-dir", str(ck), "--checkpoint-every", "100", "--resume", "auto",
+           "--target-accuracy", "0.90", "--log-json", str(tmp_path / "log.jsonl")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while not (ck / "last.pt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # mid-epoch, past the checkpoint
+    pid = _worker_pid(str(ck), rank=1)
+    assert pid, "no rank-1 worker found"
+    os.kill(pid, signal.SIGKILL)
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 0, out
+    assert "resumed at step 100" in out
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.90 and log[-1]["stop"] == "target_accuracy"
+
+
+def test_a_dead_peer_without_restarts_ends_every_other_rank_quickly(tmp_path, fashion_root):
+    """Two srun-style tasks; one is killed mid-training; the other exits non-zero with one line."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_STEP_ID": "0",
+               "SLURM_JOB_ID": "31", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0",
+               "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(LAB), "--timeout", "20", "--log-json", str(tmp_path / "l")],
+                                      cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    deadline = time.time() + 60
+    while not (tmp_path / "l").exists() or "train" not in (tmp_path / "l").read_text():
+        assert time.time() < deadline, "training never started"
+        time.sleep(0.2)
+    procs[1].kill()
+    start = time.perf_counter()
+    out = procs[0].communicate(timeout=60)[0]
+    assert procs[0].returncode != 0 and time.perf_counter() - start < 20
+    assert "lost another rank in the middle of a collective" in out and "Traceback" not in out, out
+
+
+def test_memory_and_torchvision_loaders_visit_the_same_samples_in_order(fashion_root):
+    firsts = {}
+    for loader in ("memory", "torchvision"):
+        result, log = lab(2, "--loader", loader, "--workers", "0", "--max-steps", "3")
+        assert result.returncode == 0, result.stdout
+        firsts[loader] = [r["first_labels"] for r in log if r["event"] == "epoch_start"]
+    assert firsts["memory"] == firsts["torchvision"]
+
+
+def test_set_epoch_reshuffles_and_time_budget_stops(fashion_root):
+    result, log = lab(2, "--epochs", "2", "--time-budget", "600", "--max-steps", "470", "--log-every", "1000")
+    assert result.returncode == 0, result.stdout
+    starts = [r["first_labels"] for r in log if r["event"] == "epoch_start"]
+    assert len(starts) == 2 and starts[0] != starts[1]
+    result, log = lab(1, "--time-budget", "2")
+    assert result.returncode == 0 and log[-1]["stop"] == "time_budget" and log[-1]["elapsed_s"] < 10
+
+
+# ---- bad input: one clear line, non-zero exit, within seconds, no traceback per rank ------
+def assert_one_message(result, *expected):
+    """Non-zero exit, the message once, and no worker's traceback (torchrun's own summary may follow)."""
+    assert result.returncode != 0
+    assert f'File "{LAB}"' not in result.stdout, result.stdout
+    hits = [line for line in result.stdout.splitlines() if all(e in line for e in expected)]
+    assert len(hits) == 1, result.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--global-batch-size", "129"], ["--global-batch-size 129 does not split into 2", "128"]),
+    (["--global-batch-size", "1"], ["--global-batch-size 1 does not split into 2"]),
+    (["--resume", "/nonexistent/last.pt"], ["no such checkpoint"]),
+    (["--no-ddp"], ["--no-ddp", "launch one process"]),
+])
+def test_bad_options_say_what_to_do(args, expected, fashion_root):
+    start = time.perf_counter()
+    result, _ = lab(2, *args, timeout=60)
+    assert time.perf_counter() - start < 30
+    assert_one_message(result, *expected)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_nccl_on_a_cpu_node(fashion_root):
+    result, _ = lab(2, "--backend", "nccl", timeout=60)
+    assert_one_message(result, "NCCL needs a GPU", "--backend gloo")
+
+
+def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path, fashion_root):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    result, _ = lab(2, "--resume", bad, timeout=60)
+    assert_one_message(result, "not a readable checkpoint")
+    ck = tmp_path / "ck"
+    assert lab(1, "--max-steps", "3", "--width", "8", "--checkpoint-dir", ck)[0].returncode == 0
+    result, _ = lab(2, "--resume", ck / "last.pt", "--width", "8", timeout=60)
+    assert_one_message(result, "written by another run", "world_size 1 (this run: 2)")
+    result, _ = lab(1, "--resume", ck / "last.pt", timeout=60)
+    assert_one_message(result, "written by another run", "width 8 (this run: 16)")
+
+
+def test_no_data_offline(tmp_path):
+    env = {**OFFLINE, "DPCOURSE_DATA": str(tmp_path / "empty"), "DPCOURSE_SYSTEM_DATA": "/nonexistent"}
+    start = time.perf_counter()
+    result, _ = lab(2, timeout=90, env=env)
+    assert time.perf_counter() - start < 60
+    assert_one_message(result, "sudo apt-get install dataset-fashion-mnist")
+
+
+def test_port_in_use_under_srun_style_launch(tmp_path, fashion_root):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "32",
+               "SLURM_STEP_NUM_TASKS": "1", "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "1",
+               "MASTER_PORT": str(port)}
+        result = run([sys.executable, str(LAB)], env=env, timeout=60)
+    assert result.returncode == 1 and f"Port {port} on 127.0.0.1 is already in use" in result.stdout
+    assert "Traceback" not in result.stdout
