@@ -1,13 +1,19 @@
 """Every exercise check rejects plausible wrong answers, and accepts the solution.
 
-For each ``check`` cell of each solution notebook, the exercise it checks (the nearest cell
-above with a solution region) is filled in with a wrong answer that a learner could write, the
-notebook's cheap cells run in this process, and the check must raise. A check cell without a
-registered wrong answer fails the suite: add one when you add an exercise.
+For each ``check`` cell of each solution notebook, the exercise it checks is filled in with a
+wrong answer that a learner could write, the notebook's cheap cells run in this process, and
+the check must raise. A wrong answer is either the code for the solution region of the nearest
+exercise cell above the check (a string), or ``Lab(file, hint, code)``: the code for the region
+of ``solutions/labs/<file>`` whose hint contains ``hint``, for checks that run a lab (the check
+then runs a copy of the labs with that region replaced, through $DPCOURSE_LABS). A check cell
+without a registered wrong answer fails the suite: add one when you add an exercise.
 """
 import os
 import re
+import shutil
+import tempfile
 import textwrap
+from typing import NamedTuple
 
 import matplotlib
 import nbformat
@@ -17,6 +23,13 @@ from conftest import ROOT
 from dpcourse.course import BEGIN, END
 
 matplotlib.use("Agg")
+
+class Lab(NamedTuple):
+    """A wrong answer to an exercise region of a lab: the region of ``file`` whose hint holds ``hint``."""
+    file: str
+    hint: str
+    code: str
+
 
 # (notebook, check name) → {what the learner got wrong: the code between the solution markers}
 WRONG = {
@@ -61,27 +74,39 @@ def check_cells(nb):
     return out
 
 
-def with_answer(source: str, body: str) -> str:
-    """``source`` with the code between the solution markers replaced by ``body``."""
+def with_answer(source: str, body: str, hint: str = "") -> str:
+    """``source`` with the code between the solution markers (the first region whose hint
+    contains ``hint``) replaced by ``body``."""
     lines = source.splitlines()
-    begin = next(i for i, line in enumerate(lines) if BEGIN in line)
-    end = next(i for i, line in enumerate(lines) if END in line)
+    begin = next(i for i, line in enumerate(lines) if BEGIN in line and hint in line)
+    end = next(i for i, line in enumerate(lines) if END in line and i > begin)
     indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
     body = textwrap.indent(textwrap.dedent(body).strip("\n"), indent)
-    return "\n".join(lines[:begin] + [body] + lines[end + 1:])
+    return "\n".join(lines[:begin] + [body] + lines[end + 1:]) + "\n"
 
 
 def run_check(nb, check, exercise, answer=None):
     """Run the cheap cells up to the check (the exercise with ``answer``); the check's error or None."""
     namespace = {"__name__": "__main__"}
-    cwd = os.getcwd()
+    cwd, labs = os.getcwd(), None
     os.chdir(ROOT / "solutions")
+    if isinstance(answer, Lab):  # the check runs a lab: give it a copy with the wrong region
+        labs = tempfile.mkdtemp(prefix="wrong-labs-")
+        for path in (ROOT / "solutions" / "labs").glob("*.py"):
+            shutil.copy(path, labs)
+        target = os.path.join(labs, answer.file)
+        with open(target) as f:
+            text = f.read()
+        with open(target, "w") as f:
+            f.write(with_answer(text, answer.code, answer.hint))
+        os.environ["DPCOURSE_LABS"] = labs
     try:
         for i, cell in enumerate(nb.cells[:check]):
             if cell.cell_type != "code" or SKIP in cell.metadata.get("tags", []) \
                     or "check" in cell.metadata.get("tags", []):
                 continue
-            source = with_answer(cell.source, answer) if (i == exercise and answer) else cell.source
+            wrong_here = i == exercise and isinstance(answer, str)
+            source = with_answer(cell.source, answer) if wrong_here else cell.source
             exec(compile(source, f"cell {i}", "exec"), namespace)
         try:
             exec(compile(nb.cells[check].source, f"cell {check}", "exec"), namespace)
@@ -90,6 +115,9 @@ def run_check(nb, check, exercise, answer=None):
         return None
     finally:
         os.chdir(cwd)
+        if labs:
+            os.environ.pop("DPCOURSE_LABS", None)
+            shutil.rmtree(labs, ignore_errors=True)
 
 
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -113,4 +141,4 @@ def test_check_accepts_the_solution_and_rejects_wrong_answers(notebook, check, n
 
 def test_with_answer_replaces_only_the_solution_region():
     src = "def f(x):\n    ### BEGIN SOLUTION (hint: double it)\n    return 2 * x\n    ### END SOLUTION\n"
-    assert with_answer(src, "return x") == "def f(x):\n    return x"
+    assert with_answer(src, "return x") == "def f(x):\n    return x\n"
