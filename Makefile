@@ -40,14 +40,17 @@ data: setup
 course: data
 	$(BIN)/python -m dpcourse.course run
 
+# JupyterLab at the top of the course folder (notebooks/ and labs/ both in its file browser),
+# opening notebook 00; as root (containers) it needs --allow-root.
 lab: data
-	$(BIN)/jupyter lab notebooks/00_setup.ipynb
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_setup.ipynb$(if $(filter 0,$(shell id -u)), --allow-root)
 
 test: setup
 	OMP_NUM_THREADS=1 TQDM_DISABLE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Refuses to overwrite edited copies in notebooks/ and labs/ (a learner's work) unless FORCE=1.
 student: setup
-	$(BIN)/python -m dpcourse.course student
+	$(BIN)/python -m dpcourse.course student$(if $(FORCE), --force)
 
 # An unfinished exercise is not a crash: after the summary, end make with SIGPIPE, which neither
 # make nor the shell reports (status 141), instead of make's "*** [Makefile:NN: check] Error 1".

@@ -272,4 +272,4 @@ def test_missing_master_addr_is_said_once():
     results, _ = _launch([0, 1], srun_task(7307, 2, nodes=2))
     assert [code for code, _ in results] == [1, 1]
     [line] = messages(results)
-    assert line.startswith("[rank 0] Launched by slurm with 2 tasks on several nodes, but MASTER_ADDR is not set")
+    assert line.startswith("[rank 0] Launched by srun with 2 tasks on several nodes, but MASTER_ADDR is not set")

@@ -1,6 +1,7 @@
 """The learner's environment: `make setup`, `make lab`, and the commands the README gives."""
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,13 +24,14 @@ def test_jupyterlab_serves_the_student_notebook_without_nbgrader(tmp_path):
     port, token = free_port(), "dpcourse-test"
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "jupyter.log"
+    recipe = run(["make", "-s", "-n", "lab"]).stdout.strip().splitlines()[-1]  # what `make lab` runs
+    assert "jupyter lab" in recipe, recipe
     with open(log, "w") as log_file:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
-                                 f"--port={port}", "--ServerApp.ip=127.0.0.1",
-                                 f"--IdentityProvider.token={token}", "--allow-root", "notebooks/00_setup.ipynb"],
+        proc = subprocess.Popen([*shlex.split(recipe), "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+                                 f"--IdentityProvider.token={token}", "--allow-root"],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file)
     try:
-        url = f"{base}/api/contents/00_setup.ipynb?token={token}&content=0"  # it serves notebooks/
+        url = f"{base}/api/contents/notebooks/00_setup.ipynb?token={token}&content=0"  # the checkout's top
         deadline = time.time() + 60
         while True:
             try:
@@ -41,6 +43,11 @@ def test_jupyterlab_serves_the_student_notebook_without_nbgrader(tmp_path):
                     raise
                 time.sleep(0.5)
         assert info["type"] == "notebook" and info["name"] == "00_setup.ipynb"
+        # the labs the notebooks tell the learner to read are in the file browser too
+        with direct.open(f"{base}/api/contents/labs/hello.py?token={token}&content=0", timeout=10) as response:
+            assert json.load(response)["name"] == "hello.py"
+        with direct.open(f"{base}/?token={token}", timeout=10) as response:  # opens on notebook 00
+            assert response.url.split("?")[0].endswith("/lab/tree/notebooks/00_setup.ipynb"), response.url
         with direct.open(f"{base}/lab?token={token}", timeout=10) as response:
             assert response.status == 200
             page = response.read().decode()

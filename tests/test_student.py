@@ -2,6 +2,7 @@
 `make check` tells a learner where each exercise stands."""
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -221,3 +222,16 @@ def test_each_exercise_region_of_a_lab_gets_its_own_hint():
     assert "    # Hint: first hint\n" in out and "        # Hint: second hint\n" in out
     assert "return 1" not in out and "return 2" not in out
     compile(out, "lab.py", "exec")
+
+
+def test_make_student_keeps_a_learners_edited_copy(tmp_path):
+    """A learner's saved work in notebooks/ is not overwritten unless asked (FORCE=1)."""
+    clone = tmp_path / "kit"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    work = clone / "notebooks" / "01_minibatch_sgd.ipynb"
+    work.write_text(work.read_text().replace("# YOUR CODE HERE", "# my answer", 1))
+    refused = run([sys.executable, "-m", "dpcourse.course", "student"], cwd=clone)
+    assert refused.returncode == 1 and "notebooks/01_minibatch_sgd.ipynb" in refused.stdout
+    assert "# my answer" in work.read_text()
+    forced = run([sys.executable, "-m", "dpcourse.course", "student", "--force"], cwd=clone)
+    assert forced.returncode == 0 and "# my answer" not in work.read_text()

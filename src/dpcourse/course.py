@@ -150,6 +150,18 @@ def student_script(text: str) -> str:
     return cell.source
 
 
+def _edited_copies(top: Path) -> list[str]:
+    """Files under notebooks/ and labs/ that differ from git's last commit (a learner's work)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "notebooks", "labs"], cwd=top,
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []  # no git: nothing to compare with
+    return [line[3:] for line in out.splitlines() if line[:2].strip() and not line.startswith("??")]
+
+
 def generate_student(src: Path, dest: Path) -> list[Path]:
     """Write ``dest/notebooks/*.ipynb`` and ``dest/labs/*.py`` from ``src`` (= solutions/)."""
     written = []
@@ -256,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p = sub.add_parser("student", help="generate notebooks/ and labs/ from solutions/")
     p.add_argument("--out", type=Path, default=None, help="write here instead of the checkout")
+    p.add_argument("--force", action="store_true", help="overwrite edited copies in notebooks/ and labs/")
     p = sub.add_parser("check", help="run the learner's notebooks and report each exercise")
     p.add_argument("folder", type=Path, nargs="?", default=None)
     p.add_argument("--notebook", default="", metavar="PREFIX", help="only the notebooks whose names start so (01)")
@@ -265,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return run_course(top / "solutions", args.out or top / "build")
     if args.command == "student":
+        if args.out is None and not args.force and (edited := _edited_copies(top)):
+            print(f"Not written: {', '.join(edited[:4])}{' …' if len(edited) > 4 else ''} "
+                  "changed since the last commit, and make student would overwrite that work. "
+                  "Commit or move it first, or run `make student FORCE=1` to overwrite.")
+            return 1
         written = generate_student(top / "solutions", args.out or top)
         print(f"wrote {len(written)} student files")
         return 0

@@ -361,7 +361,8 @@ def prepare(backend: str = "auto", device: str = "auto",
     elif info.launcher != "torchrun":  # torchrun sets both itself
         if "MASTER_ADDR" not in os.environ:
             if info.local_world_size != info.world_size:  # several nodes: rank 0's must be named
-                stop(info, f"Launched by {info.launcher} with {info.world_size} tasks on several "
+                launcher = {"slurm": "srun", "mpi": "mpirun"}[info.launcher]
+                stop(info, f"Launched by {launcher} with {info.world_size} tasks on several "
                      "nodes, but MASTER_ADDR is not set. Export rank 0's host before the launch, "
                      f"e.g. in an sbatch script: {_SCONTROL}")
             os.environ["MASTER_ADDR"] = "127.0.0.1"  # every rank is on this node
@@ -374,7 +375,7 @@ def prepare(backend: str = "auto", device: str = "auto",
         # Said by rank 0, and by the first rank of every other node: a name can resolve on one
         # node and not on another.
         stop(info, f"MASTER_ADDR={addr} does not resolve on {socket.gethostname()}. Check the "
-             f"spelling; it must be rank 0's host, e.g. {_SCONTROL}, or an IP address.",
+             f"spelling; it must be rank 0's host name or IP address (in a Slurm job: {_SCONTROL}).",
              everyone=info.local_rank == 0 and info.local_world_size != info.world_size)
     if info.launcher in ("slurm", "mpi"):
         timeout = rendezvous_timeout_s or float(os.environ.get("DPCOURSE_RDZV_TIMEOUT_S", 60))
