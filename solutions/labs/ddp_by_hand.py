@@ -1,0 +1,339 @@
+"""DistributedDataParallel rebuilt by hand in three steps, each checked against the real one.
+
+    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_by_hand.py           # time them
+    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_by_hand.py --check   # right?
+    python solutions/labs/ddp_by_hand.py                                             # one process
+
+Each class wraps a module as torch's DDP does: when built, it copies rank 0's parameters and
+buffers to every rank; calls go on to ``.module``; and ``finish_gradient_synchronization()``,
+called after ``loss.backward()`` and before ``optimizer.step()``, leaves in every ``.grad``
+the average over the ranks.
+
+    NaiveDDP    once backward is over, all-reduce the gradients one by one       (exercise A)
+    OverlapDDP  all-reduce each gradient as soon as backward has made it, while backward
+                goes on with the layers before it
+    BucketDDP   copy the gradients into buckets of --bucket-cap-mb MiB, last layers first,
+                and all-reduce a bucket as soon as its last gradient is in       (exercise B)
+
+Training mode: the course CNN is trained on FashionMNIST with each of them and with torch's
+DDP, from the same weights on the same batches; rank 0 prints ms/step and how far each one's
+final weights are from DDP's. --check: a small model with a frozen weight, a weight shared by
+two layers and a layer that some steps skip, initialised differently on every rank; each class
+must match one process trained on the whole global batch (one line per class: ok or WRONG).
+
+(Activate the course's environment first: source .venv/bin/activate.)
+"""
+import argparse
+import statistics
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from dpcourse import dist as ddp_env
+from dpcourse.data import InMemoryFashionMNIST
+from dpcourse.metrics import JsonLog
+from dpcourse.models import FashionCNN
+
+
+class HandMadeDDP(nn.Module):
+    """What the three share: rank 0's weights on every rank, calls forwarded to ``.module``."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0)  # DDP: every rank starts from rank 0's weights
+        # The parameters that get a gradient, each once: a tied weight is one Parameter.
+        self.params = [p for p in module.parameters() if p.requires_grad]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+class NaiveDDP(HandMadeDDP):
+    """Step 1: once backward is over, one all-reduce per gradient, one after the other."""
+
+    def finish_gradient_synchronization(self):
+        world_size = dist.get_world_size()
+        for p in self.params:
+            if p.grad is None:  # unused in this step (on every rank): left alone, as in one process
+                continue
+            ### BEGIN SOLUTION (hint: sum p.grad over all ranks, in place, with dist.all_reduce; then divide it by world_size (gloo has no ReduceOp.AVG))
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # DDP: every rank now holds the sum
+            p.grad /= world_size  # DDP: the sum → the average
+            ### END SOLUTION
+
+
+class OverlapDDP(HandMadeDDP):
+    """Step 2: a gradient's all-reduce starts as soon as backward has made that gradient, and
+    runs while backward computes the gradients of the layers before it."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.works = []  # (parameter, its all-reduce in flight), in this step
+        for p in self.params:  # frozen parameters get no hook: they have no gradient
+            p.register_post_accumulate_grad_hook(self._grad_ready)  # DDP: called in backward
+
+    def _grad_ready(self, p):  # autograd calls this once per backward, when p.grad is complete
+        self.works.append((p, dist.all_reduce(p.grad, async_op=True)))  # DDP: start, don't wait
+
+    def finish_gradient_synchronization(self):
+        world_size = dist.get_world_size()
+        for p, work in self.works:
+            work.wait()  # DDP: this gradient's sum has arrived
+            p.grad /= world_size
+        self.works.clear()  # ready for the next step
+
+
+@dataclass
+class Bucket:
+    params: list  # the parameters whose gradients it carries
+    buffer: torch.Tensor  # their gradients, flattened, one after the other
+    waiting: int  # gradients still to come in this backward
+    work: object = None  # its all-reduce, once started
+
+    def slots(self):  # each parameter's part of the buffer
+        return self.buffer.split([p.numel() for p in self.params])
+
+
+class BucketDDP(HandMadeDDP):
+    """Step 3: fewer, larger all-reduces. The gradients are copied into buckets of at most
+    ``bucket_cap_mb`` MiB (one parameter per bucket if it is larger), in reverse parameter
+    order, and a bucket is all-reduced as soon as its last gradient is in."""
+
+    def __init__(self, module, bucket_cap_mb=25.0):
+        super().__init__(module)
+        groups, size = [], 0
+        for p in reversed(self.params):  # backward makes the last layers' gradients first
+            nbytes = p.numel() * p.element_size()
+            if not groups or size + nbytes > bucket_cap_mb * 2**20:  # full: start another one
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        self.buckets = [Bucket(ps, ps[0].new_zeros(sum(p.numel() for p in ps)), len(ps))
+                        for ps in groups]
+        for bucket in self.buckets:
+            for p, slot in zip(bucket.params, bucket.slots()):
+                p.register_post_accumulate_grad_hook(partial(self._grad_ready, bucket, slot))  # DDP
+
+    def _grad_ready(self, bucket, slot, p):  # autograd calls this once p.grad is complete
+        slot.copy_(p.grad.flatten())  # DDP: into this parameter's slot of the bucket
+        bucket.waiting -= 1
+        ### BEGIN SOLUTION (hint: once no gradient of the bucket is waiting any more, start the all-reduce of bucket.buffer without waiting for it (async_op=True), and keep its work in bucket.work)
+        if bucket.waiting == 0:
+            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)  # DDP: overlaps backward
+        ### END SOLUTION
+
+    def finish_gradient_synchronization(self):
+        world_size = dist.get_world_size()
+        for bucket in self.buckets:
+            if bucket.work is None:  # a parameter unused in this step kept it from filling up
+                bucket.work = dist.all_reduce(bucket.buffer, async_op=True)  # DDP: send it now
+        for bucket in self.buckets:
+            bucket.work.wait()  # DDP: this bucket's sum has arrived
+            bucket.buffer /= world_size
+            for p, slot in zip(bucket.params, bucket.slots()):
+                if p.grad is not None:
+                    p.grad.copy_(slot.view_as(p))  # DDP: the average, back into .grad
+            bucket.waiting, bucket.work = len(bucket.params), None  # ready for the next step
+
+
+def label(name, model):
+    """'BucketDDP (4 buckets)': a variant's name in the table and in --check's lines."""
+    if not isinstance(model, BucketDDP):
+        return name
+    n = len(model.buckets)
+    each = ", 1 parameter each" if 1 < n == len(model.params) else ""
+    return f"{name} ({n} bucket{'s' if n > 1 else ''}{each})"
+
+
+def max_abs_diff(a, b):
+    """The largest |a - b| over two state dicts (parameters and buffers); NaN counts as inf."""
+    return torch.stack([(a[k] - b[k]).abs().max() for k in a]).max().nan_to_num(torch.inf).item()
+
+
+# ---------------------------------------------------------------- training mode
+def train(model, data, args, env, name):
+    """``args.steps`` SGD steps on this rank's shard of each global batch; median s/step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    G = args.global_batch_size
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
+    seconds = []
+    for step in tqdm(range(args.steps), desc=name, disable=ddp_env.bar_off(rank)):  # DDP
+        x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()  # torch's DDP all-reduces in here; ours start theirs in here
+        if not isinstance(model, DDP):
+            model.finish_gradient_synchronization()  # DDP: every .grad is now the average
+        optimizer.step()
+        if env.device.type == "cuda":
+            torch.cuda.synchronize()  # the GPU has finished the step: now read the clock
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def compare_with_torch_ddp(args, env):
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    if args.global_batch_size % world_size or args.steps * args.global_batch_size > 60_000:
+        raise SystemExit(f"--global-batch-size must be a multiple of the {world_size} ranks, "
+                         "and --steps × --global-batch-size at most 60000 (one epoch)")
+    data = InMemoryFashionMNIST(args.data_root, train=True, device=env.device)
+    gpu = [env.device.index] if env.device.type == "cuda" else None
+    variants = {"DistributedDataParallel": partial(DDP, device_ids=gpu), "NaiveDDP": NaiveDDP,
+                "OverlapDDP": OverlapDDP,
+                "BucketDDP": partial(BucketDDP, bucket_cap_mb=args.bucket_cap_mb)}
+    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
+    rows, reference = [], None
+    for name, wrap in variants.items():
+        torch.manual_seed(args.seed)  # the same initial weights for every variant
+        model = wrap(FashionCNN().to(env.device))
+        name = label(name, model)
+        ms = 1000 * train(model, data, args, env, name)
+        if reference is None:  # torch's DDP, trained first
+            reference = model.module.state_dict()
+        diff = torch.tensor(max_abs_diff(model.module.state_dict(), reference), device=env.device)
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # DDP: the worst rank's difference
+        rows.append((name, ms, diff.item()))
+        log.write("variant", name=name, ms_per_step=round(ms, 3), max_abs_diff=diff.item(),
+                  steps=args.steps, global_batch=args.global_batch_size)
+    if rank == 0:  # DDP: one rank prints
+        print(f"\n{'variant':<24} {'ms/step':>8}  max |Δweight| vs DDP")
+        for name, ms, diff in rows:
+            print(f"{name:<24} {ms:8.2f}  {diff:.1e}")
+    return True
+
+
+# ---------------------------------------------------------------- --check
+class TinyNet(nn.Module):
+    """Built to trip a hand-made DDP: a frozen weight, one weight used by two layers, a layer
+    that ``forward(x, extra=False)`` skips (no gradient in that step), and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.weight.requires_grad_(False)  # no gradient: no hook, no all-reduce
+        self.hidden = nn.Linear(16, 16)
+        self.again = nn.Linear(16, 16, bias=False)
+        self.again.weight = self.hidden.weight  # tied: one Parameter, one .grad, two layers
+        self.extra = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+        self.register_buffer("scale", torch.rand(16) + 0.5)
+
+    def forward(self, x, extra=True):
+        h = torch.tanh(self.frozen(torch.tanh(self.embed(x) * self.scale)))
+        h = torch.tanh(self.again(torch.tanh(self.hidden(h))))
+        if extra:
+            h = h + torch.tanh(self.extra(h))
+        return self.head(h)
+
+
+def check(args, env, steps=4, lr=0.2, tolerance=1e-5):
+    """Each class against one process on the whole global batch; True if all of them agree."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    G, gen = 6 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
+    batches = [(torch.randn(G, 8, generator=gen).to(env.device),
+                torch.randint(4, (G,), generator=gen).to(env.device)) for _ in range(steps)]
+    torch.manual_seed(args.seed)  # rank 0's initial weights, which every rank can rebuild
+    one = TinyNet().to(env.device)
+    optimizer, after = torch.optim.SGD(one.parameters(), lr=lr), []
+    for step, (x, y) in enumerate(batches):  # one process, the whole global batch
+        optimizer.zero_grad()
+        F.cross_entropy(one(x, extra=step % 2 == 1), y).backward()
+        optimizer.step()
+        after.append({k: v.clone() for k, v in one.state_dict().items()})
+
+    variants = [("NaiveDDP", NaiveDDP), ("OverlapDDP", OverlapDDP)] + [
+        ("BucketDDP", partial(BucketDDP, bucket_cap_mb=mb)) for mb in (100, 0.0012, 0)]
+    all_ok = True
+    for name, wrap in variants:
+        torch.manual_seed(args.seed + rank)  # DDP: a different init on each rank, on purpose
+        model = wrap(TinyNet().to(env.device))
+        name = label(name, model)
+        optimizer, diff, idle = torch.optim.SGD(model.parameters(), lr=lr), 0.0, set()
+        try:
+            for step, (x, y) in enumerate(batches):
+                optimizer.zero_grad()
+                shard = slice(rank, None, world_size)  # DDP: this rank's rows of the global batch
+                F.cross_entropy(model(x[shard], extra=step % 2 == 1), y[shard]).backward()
+                for i, b in enumerate(getattr(model, "buckets", [])):  # full, yet not sent?
+                    if b.work is None and all(p.grad is not None for p in b.params):
+                        idle.add(i)
+                model.finish_gradient_synchronization()  # DDP: .grad = the average
+                optimizer.step()
+                diff = max(diff, max_abs_diff(model.module.state_dict(), after[step]))
+        except NotImplementedError as err:  # a stub in the learner's copy: every rank meets it
+            line = traceback.extract_tb(err.__traceback__)[-1].lineno
+            if rank == 0:
+                print(f"{name}: not done yet — NotImplementedError: {err} (line {line})",
+                      flush=True)
+            all_ok = False
+            continue
+        worst = torch.tensor([diff, len(idle)], device=env.device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
+        diff, n_idle = worst[0].item(), int(worst[1].item())
+        if n_idle:
+            why = (f"{n_idle} full bucket(s) not all-reduced during backward: start a bucket's "
+                   "all-reduce (async_op=True) in the hook that fills it, and keep its work")
+        elif not diff <= tolerance:
+            why = f"weights differ from one process by up to {diff:.2g} (tolerance {tolerance:g})"
+        else:
+            why = None
+        all_ok = all_ok and why is None
+        if rank == 0:  # DDP: one rank prints
+            verdict = f"ok (max |Δ| {diff:.0e})" if why is None else f"WRONG — {why}"
+            print(f"{name}: {verdict}", flush=True)
+    return all_ok
+
+
+# ---------------------------------------------------------------- set-up and main
+def setup(args):
+    # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
+    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
+                            timeout=timedelta(seconds=args.timeout))  # DDP: no endless waits
+    return env
+
+
+def cleanup():
+    dist.destroy_process_group()  # DDP: leave the process group so every rank exits cleanly.
+
+
+def main(args):
+    env = setup(args)
+    ok = check(args, env) if args.check else compare_with_torch_ddp(args, env)
+    cleanup()
+    if not ok:
+        raise SystemExit(1)  # DDP: every rank knows the verdict, so every rank exits non-zero
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare each class with one process")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per variant")
+    parser.add_argument("--global-batch-size", type=int, default=128, help="split over the ranks")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="BucketDDP's bucket size")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-root", default=None, help="the folder that holds FashionMNIST/")
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
+    parser.add_argument("--log-json", default=None, help="rank 0 writes one JSON line per variant")
+    main(parser.parse_args())

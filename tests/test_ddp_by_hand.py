@@ -1,0 +1,177 @@
+"""solutions/labs/ddp_by_hand.py: DDP by hand (naive, overlapped, bucketed), in real processes.
+
+--check must pass for 2 and 3 ranks, reject plausible wrong answers to both exercises, and stop
+at the student copy's stubs with their hint; the training mode must match torch's DDP.
+"""
+import json
+import re
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, run, torchrun_cmd
+from dpcourse.course import STUB_RAISE, student_script
+
+SOLUTION = ROOT / "solutions" / "labs" / "ddp_by_hand.py"
+STUDENT = ROOT / "labs" / "ddp_by_hand.py"
+VARIANTS = ["NaiveDDP", "OverlapDDP", "BucketDDP (1 bucket)", "BucketDDP (4 buckets)",
+            "BucketDDP (9 buckets, 1 parameter each)"]
+# "<variant>: ok (max |Δ| 3e-08)", "<variant>: WRONG — why" or "<variant>: not done yet — ...";
+# rank 0's lines, tagged "[rank0]:" when launched through dpcourse.launch.
+VERDICT = re.compile(r"^(?:\[rank0\]:)?(.+?): (ok \(max \|Δ\| \S+\)|WRONG — .*|not done yet — .*)$",
+                     re.M)
+# The code between a region's markers: exercise A in NaiveDDP, exercise B in BucketDDP.
+REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION.*\n(?:.*\n)*?[ \t]*### END SOLUTION\n", re.M)
+
+# What a learner could plausibly write instead, per exercise (code between the markers).
+WRONG = {
+    "A": {
+        "summed, not divided by the world size": "dist.all_reduce(p.grad)",
+        "only the first parameter reduced": """
+            if p is self.params[0]:
+                dist.all_reduce(p.grad)
+                p.grad /= world_size""",
+        "a copy reduced, the rank's own .grad left alone": """
+            total = p.grad.clone()
+            dist.all_reduce(total)
+            total /= world_size""",
+        "all_reduce's return value taken for the result": "p.grad = dist.all_reduce(p.grad)",
+    },
+    "B": {
+        "flushed before the bucket is full (on every gradient)":
+            "bucket.work = dist.all_reduce(bucket.buffer, async_op=True)",
+        "flushed one gradient early": """
+            if bucket.waiting == 1:
+                bucket.work = dist.all_reduce(bucket.buffer, async_op=True)""",
+        "never flushed": "pass",
+        "flushed without keeping the work to wait on": """
+            if bucket.waiting == 0:
+                dist.all_reduce(bucket.buffer, async_op=True)""",
+        "flushed synchronously (no work to wait on)": """
+            if bucket.waiting == 0:
+                dist.all_reduce(bucket.buffer)""",
+    },
+}
+
+
+def verdicts(output: str) -> dict[str, str]:
+    """{variant: "ok (...)" | "WRONG — ..." | "not done yet — ..."} from --check's output."""
+    return dict(VERDICT.findall(output))
+
+
+def with_answer(exercise: str, code: str) -> str:
+    """The solution lab with the code between exercise ``exercise``'s markers replaced."""
+    text = SOLUTION.read_text()
+    regions = list(REGION.finditer(text))
+    assert len(regions) == 2, "ddp_by_hand.py should have exactly two exercises"
+    region = regions["AB".index(exercise)]
+    assert ("bucket" in region.group(0)) == (exercise == "B")
+    body = textwrap.indent(textwrap.dedent(code).strip() + "\n", region.group(1))
+    return text[:region.start()] + body + text[region.end():]
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 3])
+def test_check_passes_for_every_variant(nproc):
+    """One process (plain python), 2 and 3 ranks: each class matches one process on the global batch."""
+    cmd = [sys.executable, str(SOLUTION), "--check"] if nproc == 1 else torchrun_cmd(nproc, SOLUTION, "--check")
+    result = run(cmd, timeout=90)
+    assert result.returncode == 0, result.stdout
+    found = verdicts(result.stdout)
+    assert list(found) == VARIANTS, result.stdout
+    assert all(v.startswith("ok") for v in found.values()), result.stdout
+    assert len(VERDICT.findall(result.stdout)) == len(VARIANTS)  # rank 0 alone prints
+
+
+def test_training_mode_matches_torch_ddp(tmp_path, fashion_root):
+    log = tmp_path / "log.jsonl"
+    result = run(torchrun_cmd(2, SOLUTION, "--steps", 3, "--global-batch-size", 64, "--log-json", log),
+                 timeout=90)
+    assert result.returncode == 0, result.stdout
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["name"] for r in records] == ["DistributedDataParallel", "NaiveDDP", "OverlapDDP",
+                                            "BucketDDP (1 bucket)"]
+    for r in records:
+        assert r["event"] == "variant" and r["steps"] == 3 and r["world_size"] == 2, r
+        assert r["max_abs_diff"] < 1e-5 and r["ms_per_step"] > 0, r
+    assert result.stdout.count("max |Δweight| vs DDP") == 1  # rank 0's table, once
+
+
+@pytest.mark.parametrize("exercise, wrong", [(e, w) for e, answers in WRONG.items() for w in answers])
+def test_check_rejects_a_wrong_answer(tmp_path, exercise, wrong):
+    lab = tmp_path / "ddp_by_hand.py"
+    lab.write_text(with_answer(exercise, WRONG[exercise][wrong]))
+    start = time.perf_counter()
+    result = run(torchrun_cmd(2, lab, "--check", "--timeout", 20), timeout=90)
+    assert time.perf_counter() - start < 60, "a wrong answer must fail, not hang"
+    assert result.returncode != 0, result.stdout
+    found = verdicts(result.stdout)
+    assert list(found) == VARIANTS, result.stdout
+    wrong_ones = [name for name, v in found.items() if v.startswith("WRONG")]
+    if exercise == "A":
+        assert wrong_ones == ["NaiveDDP"], result.stdout
+    else:
+        assert wrong_ones and all(name.startswith("BucketDDP") for name in wrong_ones), result.stdout
+    assert found["OverlapDDP"].startswith("ok"), result.stdout  # the check blames the right class
+
+
+def test_a_right_answer_written_differently_passes(tmp_path):
+    """Exercise A with the division first and a new tensor: still the average, still ok."""
+    lab = tmp_path / "ddp_by_hand.py"
+    lab.write_text(with_answer("A", "p.grad = p.grad / world_size\ndist.all_reduce(p.grad)"))
+    result = run(torchrun_cmd(2, lab, "--check"), timeout=90)
+    assert result.returncode == 0, result.stdout
+    assert verdicts(result.stdout)["NaiveDDP"].startswith("ok"), result.stdout
+
+
+@pytest.mark.parametrize("fault, args", [
+    ("if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 breaks')", []),
+    ("if dist.get_rank() == 1:\n    time.sleep(120)", ["--timeout", 5]),  # rank 0 waits at most 5 s
+], ids=["a rank raises", "a rank is stuck"])
+def test_a_failing_or_stuck_rank_ends_the_run_on_every_rank(tmp_path, fault, args):
+    lab = tmp_path / "ddp_by_hand.py"
+    lab.write_text(with_answer("A", fault + "\ndist.all_reduce(p.grad)\np.grad /= world_size"))
+    start = time.perf_counter()
+    result = run(torchrun_cmd(2, lab, "--check", *args), timeout=90)
+    assert result.returncode != 0, result.stdout
+    assert time.perf_counter() - start < 45, result.stdout
+    assert "rank 1 breaks" in result.stdout or "Timed out" in result.stdout, result.stdout
+
+
+def test_student_copy_stops_at_its_stubs_with_the_hint():
+    text = STUDENT.read_text()
+    assert text == student_script(SOLUTION.read_text()), "labs/ddp_by_hand.py is stale: regenerate it"
+    assert text.count(STUB_RAISE) == 2 and text.count("# Hint: ") == 2
+    start = time.perf_counter()
+    result = run(torchrun_cmd(2, STUDENT, "--check"), timeout=90)
+    assert time.perf_counter() - start < 60
+    assert result.returncode != 0, result.stdout
+    found = verdicts(result.stdout)
+    assert list(found) == VARIANTS, result.stdout
+    assert found["OverlapDDP"].startswith("ok")  # no exercise in it
+    stubbed = [name for name, v in found.items() if v.startswith("not done yet")]
+    assert stubbed == [v for v in VARIANTS if v != "OverlapDDP"], result.stdout
+    raises = [i for i, line in enumerate(text.splitlines(), 1) if STUB_RAISE in line]  # the stubs' lines
+    assert found["NaiveDDP"] == f"not done yet — NotImplementedError: Exercise: see the hint above (line {raises[0]})"
+    assert found["BucketDDP (1 bucket)"].endswith(f"(line {raises[1]})")
+
+
+def test_buckets_hooks_and_overlap():
+    """Buckets in reverse parameter order under a byte cap; frozen weights left out, a tied
+    weight once; all-reduces started inside backward, except where a skipped layer's
+    parameters keep a bucket from filling up."""
+    result = run([sys.executable, str(ROOT / "tests/helpers/by_hand_layout.py"), str(SOLUTION)], timeout=60)
+    assert result.returncode == 0, result.stdout
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    trainable = [n for n in out["parameters"] if n != "frozen.weight"]
+    assert out["overlap_params"] == trainable  # hidden.weight (tied to again.weight) once
+    assert out["buckets"]["100"] == [trainable[::-1]]
+    assert out["buckets"]["0"] == [[n] for n in trainable[::-1]]
+    # 0.0012 MiB = 1258 bytes: head (16 + 256 B) + extra.bias (64 B); extra.weight (1 KiB) + hidden.bias; ...
+    assert out["buckets"]["0.0012"] == [["head.bias", "head.weight", "extra.bias"],
+                                        ["extra.weight", "hidden.bias"],
+                                        ["hidden.weight", "frozen.bias", "embed.bias"], ["embed.weight"]]
+    # A step without the extra layer: its two parameters get no gradient and no hook call.
+    assert out["started"] == {"BucketDDP 100": [1, 0, 1], "BucketDDP 0.0012": [4, 2, 4],
+                              "BucketDDP 0": [9, 7, 9], "OverlapDDP": [9, 7, 9]}
