@@ -203,7 +203,7 @@ def main(args):
     last_eval = {"test_accuracy": None, "test_loss": None}
     seen, train_s, loss_sum, loss_n = 0, 0.0, torch.zeros((), device=device), 0
     bar = tqdm(total=args.epochs * steps_per_epoch, initial=step, unit="step", desc="train",
-               disable=None if rank == 0 else True)  # DDP: a bar on rank 0 only
+               disable=ddp_env.bar_off(rank))  # DDP: a bar on rank 0 only
     stop_reason = None
 
     def record(event, **fields):

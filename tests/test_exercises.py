@@ -20,6 +20,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
+from dpcourse import CourseError
 from dpcourse.course import BEGIN, END
 
 matplotlib.use("Agg")
@@ -57,7 +58,112 @@ WRONG = {
             return torch.stack(gW), torch.stack(gb)""",
     },
 }
-SKIP = "nbval-ignore-output"  # timing, plot and widget cells: not needed by any check
+WRONG.update({
+    ("06_data_sharding.ipynb", "exercise 1"): {
+        "contiguous blocks, not every K-th index": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
+            if drop_last:
+                order = order[:n - n % num_replicas]
+            else:
+                total = math.ceil(n / num_replicas) * num_replicas
+                while len(order) < total:
+                    order += order[:total - len(order)]
+            per = len(order) // num_replicas
+            return order[rank * per:(rank + 1) * per]""",
+        "seeded without the epoch": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() if shuffle else list(range(n))
+            if drop_last:
+                order = order[:n - n % num_replicas]
+            else:
+                total = math.ceil(n / num_replicas) * num_replicas
+                while len(order) < total:
+                    order += order[:total - len(order)]
+            return order[rank::num_replicas]""",
+        "a different shuffle on each rank": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch + rank)).tolist() if shuffle else list(range(n))
+            if drop_last:
+                order = order[:n - n % num_replicas]
+            else:
+                total = math.ceil(n / num_replicas) * num_replicas
+                while len(order) < total:
+                    order += order[:total - len(order)]
+            return order[rank::num_replicas]""",
+        "neither padded nor cut": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
+            return order[rank::num_replicas]""",
+        "padded with the last index": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
+            if drop_last:
+                order = order[:n - n % num_replicas]
+            else:
+                total = math.ceil(n / num_replicas) * num_replicas
+                order += [order[-1]] * (total - len(order))
+            return order[rank::num_replicas]""",
+        "padded once only (too short when n < K)": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
+            if drop_last:
+                order = order[:n - n % num_replicas]
+            else:
+                total = math.ceil(n / num_replicas) * num_replicas
+                order += order[:total - len(order)]
+            return order[rank::num_replicas]""",
+        "drop_last ignored: always padded": """
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
+            total = math.ceil(n / num_replicas) * num_replicas
+            while len(order) < total:
+                order += order[:total - len(order)]
+            return order[rank::num_replicas]""",
+    },
+    ("06_data_sharding.ipynb", "exercise 2"): {
+        "set_epoch forgotten": Lab("fashion_ddp.py", "tell the sampler which epoch", "pass"),
+        "set_epoch with a constant": Lab("fashion_ddp.py", "tell the sampler which epoch", "sampler.set_epoch(0)"),
+        "the global RNG reseeded instead": Lab("fashion_ddp.py", "tell the sampler which epoch",
+                                               "torch.manual_seed(args.seed + epoch)"),
+        "the sampler not shuffled": Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
+            sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True)"""),
+        "every rank samples the whole set": Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
+            sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed, drop_last=True)"""),
+        "the evaluation's all_reduce forgotten": Lab("fashion_ddp.py", "sum the three totals", "pass"),
+        "the evaluation's all_reduce with MAX": Lab("fashion_ddp.py", "sum the three totals",
+                                                    "dist.all_reduce(totals, op=dist.ReduceOp.MAX)"),
+        "the all_reduce of a copy": Lab("fashion_ddp.py", "sum the three totals", "dist.all_reduce(totals.clone())"),
+    },
+    ("06_data_sharding.ipynb", "exercise 3"): {
+        "every rank at once (no guard)": Lab("io_race.py", "on rank 0 first", "downloaded = fetch_if_missing(source, dest, args)"),
+        "rank 0 fetches, the others do not wait": Lab("io_race.py", "on rank 0 first", """
+            downloaded = fetch_if_missing(source, dest, args) if dist.get_rank() == 0 else False"""),
+        "a barrier before the fetch, not between": Lab("io_race.py", "on rank 0 first", """
+            dist.barrier()
+            downloaded = fetch_if_missing(source, dest, args)"""),
+        "rank 0 fetches, then every rank again without waiting": Lab("io_race.py", "on rank 0 first", """
+            if dist.get_rank() == 0:
+                fetch_if_missing(source, dest, args)
+            downloaded = fetch_if_missing(source, dest, args)"""),
+    },
+})
+WRONG.update({
+    ("05_one_process_to_ddp.ipynb", "exercise 1"): {
+        "summed, never divided by the world size": Lab("ddp_by_hand.py", "sum p.grad over all ranks",
+                                                       "dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)"),
+        "each rank's own gradient halved, nothing sent": Lab("ddp_by_hand.py", "sum p.grad over all ranks",
+                                                             "p.grad /= world_size"),
+        "the largest gradient, not the sum": Lab("ddp_by_hand.py", "sum p.grad over all ranks",
+                                                 "dist.all_reduce(p.grad, op=dist.ReduceOp.MAX)\np.grad /= world_size"),
+    },
+    ("05_one_process_to_ddp.ipynb", "exercise 2"): {
+        "never sent during backward (finish sends it)": Lab("ddp_by_hand.py", "once no gradient of the bucket", "pass"),
+        "sent with each gradient, before the bucket is full": Lab(
+            "ddp_by_hand.py", "once no gradient of the bucket",
+            "bucket.work = dist.all_reduce(bucket.buffer, async_op=True)"),
+        "sent one gradient too early": Lab(
+            "ddp_by_hand.py", "once no gradient of the bucket",
+            "if bucket.waiting == 1:\n    bucket.work = dist.all_reduce(bucket.buffer, async_op=True)"),
+    },
+    ("05_one_process_to_ddp.ipynb", "exercise 3"): {
+        "the model never wrapped": Lab("fashion_ddp.py", "wrap model in DDP", "pass"),
+    },
+})
+SKIP = "check-skip"  # timing, plot and widget cells that no check needs: tagged so in the notebooks
 
 
 def check_cells(nb):
@@ -110,7 +216,7 @@ def run_check(nb, check, exercise, answer=None):
             exec(compile(source, f"cell {i}", "exec"), namespace)
         try:
             exec(compile(nb.cells[check].source, f"cell {check}", "exec"), namespace)
-        except Exception as err:  # noqa: BLE001 - any failure is a rejection
+        except (Exception, CourseError) as err:  # noqa: BLE001 - any failure (a failed lab run too) rejects
             return err
         return None
     finally:
@@ -136,7 +242,7 @@ def test_check_accepts_the_solution_and_rejects_wrong_answers(notebook, check, n
     assert run_check(nb, check, exercise) is None, "the check rejects the solution itself"
     for what, body in WRONG[(notebook, name)].items():
         err = run_check(nb, check, exercise, body)
-        assert isinstance(err, AssertionError), f"{name}: the check accepts a wrong answer ({what}): {err!r}"
+        assert isinstance(err, (AssertionError, CourseError)), f"{name}: the check accepts a wrong answer ({what}): {err!r}"
 
 
 def test_with_answer_replaces_only_the_solution_region():

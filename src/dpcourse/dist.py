@@ -28,6 +28,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+# torch 2.14: the first optimiser imports torch.distributed.nn, whose functions keep the default
+# group alive if it exists by then; gloo's threads then outlive Python at exit and a rank can
+# abort ("terminate called without an active exception"). Imported here, before any group.
+import torch.distributed.nn  # noqa: F401,E402
 
 from .errors import CourseError
 
@@ -159,6 +163,13 @@ def choose_device(backend: str, local_rank: int = 0, device: str = "auto") -> to
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def bar_off(rank: int) -> bool | None:
+    """tqdm's ``disable`` for a rank's progress bar: off on every rank but 0, and off with
+    $TQDM_DISABLE (an explicit argument would override it); None lets tqdm switch itself off
+    when the output is not a terminal (CI, log files)."""
+    return True if rank != 0 or os.environ.get("TQDM_DISABLE") else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
