@@ -68,7 +68,7 @@ class NaiveDDP(HandMadeDDP):
         for p in self.params:
             if p.grad is None:  # unused in this step (on every rank): left alone, as in one process
                 continue
-            ### BEGIN SOLUTION (hint: sum p.grad over all ranks, in place, with dist.all_reduce; then divide it by world_size (gloo has no ReduceOp.AVG))
+            ### BEGIN SOLUTION (hint: sum p.grad over all ranks, in place, with dist.all_reduce; then divide it by world_size)
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # DDP: every rank now holds the sum
             p.grad /= world_size  # DDP: the sum → the average
             ### END SOLUTION

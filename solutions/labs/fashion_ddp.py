@@ -269,7 +269,10 @@ def main(args):
             progress.update(epoch=epoch, step_in_epoch=0)
             test_images = evaluate_now()
             bar.set_postfix(acc=last_eval["test_accuracy"])
-            record("epoch", test_images=test_images)
+            rec = record("epoch", test_images=test_images)
+            if rank == 0:  # DDP: one line per epoch, also where there is no bar (logs, CI)
+                print(f"epoch {epoch}: test accuracy {rec['test_accuracy']:.4f}, "
+                      f"test loss {rec['test_loss']:.4f}, {rec['elapsed_s']:.1f} s", flush=True)
             if args.target_accuracy and last_eval["test_accuracy"] >= args.target_accuracy:
                 stop_reason = "target_accuracy"
             if args.checkpoint_dir:
@@ -322,7 +325,8 @@ def replica_spread(model, device):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-root", default=None, help="FashionMNIST folder (default: $DPCOURSE_DATA or data/)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
