@@ -8,29 +8,24 @@ of ``solutions/labs/<file>`` whose hint contains ``hint``, for checks that run a
 then runs a copy of the labs with that region replaced, through $DPCOURSE_LABS). A check cell
 without a registered wrong answer fails the suite: add one when you add an exercise.
 """
+import importlib.util
 import os
 import re
 import shutil
 import tempfile
 import textwrap
-from typing import NamedTuple
+from pathlib import Path
 
 import matplotlib
 import nbformat
 import pytest
 
+from answers import Lab
 from conftest import ROOT
 from dpcourse import CourseError
 from dpcourse.course import BEGIN, END
 
 matplotlib.use("Agg")
-
-class Lab(NamedTuple):
-    """A wrong answer to an exercise region of a lab: the region of ``file`` whose hint holds ``hint``."""
-    file: str
-    hint: str
-    code: str
-
 
 # (notebook, check name) → {what the learner got wrong: the code between the solution markers}
 WRONG = {
@@ -163,6 +158,13 @@ WRONG.update({
         "the model never wrapped": Lab("fashion_ddp.py", "wrap model in DDP", "pass"),
     },
 })
+# More wrong answers live beside this file, one module per notebook: tests/wrong_answers_NN.py,
+# each with a dict WRONG of the same shape (so that notebooks can be written side by side).
+for _path in sorted(Path(__file__).parent.glob("wrong_answers_*.py")):
+    _spec = importlib.util.spec_from_file_location(_path.stem, _path)
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
+    WRONG.update(_module.WRONG)
 SKIP = "check-skip"  # timing, plot and widget cells that no check needs: tagged so in the notebooks
 
 
