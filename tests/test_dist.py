@@ -12,7 +12,7 @@ import torch
 
 from conftest import ROOT, run, torchrun_cmd
 from dpcourse import CourseError
-from dpcourse.dist import DistEnv, _tasks_per_node, choose_backend, default_port, env_info, free_port
+from dpcourse.dist import DistEnv, _tasks_per_node, choose_backend, choose_device, default_port, env_info, free_port
 
 HELLO = ROOT / "solutions" / "labs" / "hello.py"
 
@@ -50,6 +50,19 @@ def test_nccl_without_gpu_is_refused_with_a_fix():
     assert choose_backend("auto") == "gloo"
     with pytest.raises(CourseError, match="NCCL needs a GPU.*--backend gloo"):
         choose_backend("nccl")
+
+
+def test_more_processes_than_gpus_train_on_the_cpu(monkeypatch):
+    """2 ranks on a node with 1 GPU: auto picks gloo on the CPU; nccl is refused with the fix."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert choose_backend("auto", local_world_size=2) == "gloo"
+    assert choose_device("gloo", 1, "auto", local_world_size=2) == torch.device("cpu")
+    assert choose_backend("auto", local_world_size=1) == "nccl"
+    assert choose_device("nccl", 0, "auto", local_world_size=1) == torch.device("cuda", 0)
+    with pytest.raises(CourseError, match="one GPU per process: this node runs 2 processes and has 1 GPU"):
+        choose_backend("nccl", local_world_size=2)
 
 
 def test_hello_two_ranks_under_torchrun(tmp_path):

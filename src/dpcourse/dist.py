@@ -138,28 +138,41 @@ def available_backends() -> dict[str, bool]:
             "mpi": dist.is_mpi_available()}
 
 
-def choose_backend(backend: str = "auto", device: str = "auto") -> str:
-    """NCCL when we train on GPUs, gloo on the CPU; NCCL without a GPU is refused with a fix."""
+def _gpus_for(local_world_size: int) -> bool:
+    """True when this node has a GPU for each of its processes (NCCL needs one GPU per rank)."""
+    return torch.cuda.is_available() and local_world_size <= torch.cuda.device_count()
+
+
+def choose_backend(backend: str = "auto", device: str = "auto", local_world_size: int = 1) -> str:
+    """NCCL when we train on GPUs (one per process), gloo on the CPU; NCCL without a GPU for
+    each process on this node is refused with a fix."""
     if backend not in ("auto", "gloo", "nccl", "mpi"):
         raise CourseError(f"Unknown backend {backend!r}: use auto, gloo or nccl.")
     cuda = torch.cuda.is_available() and device != "cpu"
-    if backend == "auto":
-        return "nccl" if cuda and dist.is_nccl_available() else "gloo"
+    if backend == "auto":  # more processes than GPUs (2 ranks on a laptop's 1 GPU): the CPU
+        return "nccl" if cuda and _gpus_for(local_world_size) and dist.is_nccl_available() else "gloo"
     if backend == "nccl" and not cuda:
         why = "this process sees no GPU" if not torch.cuda.is_available() else "--device cpu was asked for"
         raise CourseError(
             f"NCCL needs a GPU, and {why}. On a CPU node use --backend gloo (or --backend auto); "
             "on a GPU node check `nvidia-smi` and that the job asked for GPUs (--gpus-per-node).")
+    if backend == "nccl" and not _gpus_for(local_world_size):
+        raise CourseError(
+            f"NCCL needs one GPU per process: this node runs {local_world_size} processes and has "
+            f"{torch.cuda.device_count()} GPU(s). Start at most {torch.cuda.device_count()} per node "
+            "(--nproc-per-node, --ntasks-per-node), or use --backend gloo.")
     if backend == "mpi" and not dist.is_mpi_available():
         raise CourseError("This PyTorch build has no MPI backend: use --backend gloo or nccl.")
     return backend
 
 
-def choose_device(backend: str, local_rank: int = 0, device: str = "auto") -> torch.device:
-    """One GPU per process (cuda:LOCAL_RANK) with NCCL, or when asked; else the CPU."""
+def choose_device(backend: str, local_rank: int = 0, device: str = "auto",
+                  local_world_size: int = 1) -> torch.device:
+    """One GPU per process (cuda:LOCAL_RANK) with NCCL, or when asked; else the CPU. ``auto``
+    takes the GPU only when every process on this node can have one of its own."""
     if device == "cuda" and not torch.cuda.is_available():
         raise CourseError("--device cuda was asked for, but this process sees no GPU: use --device cpu.")
-    if backend == "nccl" or (device == "cuda") or (device == "auto" and torch.cuda.is_available()):
+    if backend == "nccl" or device == "cuda" or (device == "auto" and _gpus_for(local_world_size)):
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
@@ -360,8 +373,8 @@ def prepare(backend: str = "auto", device: str = "auto",
     """
     info = env_info()
     try:
-        backend = choose_backend(backend, device)
-        dev = choose_device(backend, info.local_rank, device)
+        backend = choose_backend(backend, device, info.local_world_size)
+        dev = choose_device(backend, info.local_rank, device, info.local_world_size)
     except CourseError as err:  # every rank asked for the same thing: rank 0 says it
         stop(info, err.message)
     if info.world_size > 1:
