@@ -1,0 +1,744 @@
+"""AllReduce five ways, over ``torch.distributed`` send/recv only, and what each one costs.
+
+    from dpcourse.allreduce import ALGORITHMS, cost
+    ALGORITHMS["ring"](t)            # sums t in place across the default group, like dist.all_reduce(t)
+    cost("ring", P=4, nbytes=2**26, alpha=5e-5, beta=1e-9)   # seconds, by the α-β model
+
+    torchrun --nproc-per-node 3 -m dpcourse.allreduce bench --algo all --sizes 1KiB:64MiB:4 --json out.jsonl
+    torchrun --nproc-per-node 3 -m dpcourse.allreduce check      # every algorithm against dist.all_reduce
+    (on GPUs add --backend nccl; the module file also runs as a script: python .../allreduce.py)
+
+The algorithms (P ranks, a message of M bytes):
+
+    parameter_server  every rank sends its vector to rank 0, which adds them and sends the sum back
+    naive_ring        the whole vector goes round the ring P − 1 times, each rank adding what comes
+    ring              bandwidth-optimal: reduce-scatter of P chunks round the ring, then all-gather
+    tree              binary tree (children 2r+1, 2r+2): reduce up to rank 0, broadcast down
+    halving_doubling  the butterfly: reduce-scatter by recursive halving, all-gather by recursive
+                      doubling; with P not a power of two, the first 2r ranks pair up first
+
+The α-β(-γ) model: sending m bytes from one rank to another takes α + m·β (α: latency, β:
+seconds per byte); adding m bytes into a vector takes m·γ (γ = 0: the plain α-β model). A rank
+sends and receives at most one message at a time, both at once (full duplex).
+``critical_path(algo, P, n, itemsize)`` counts the messages, bytes sent and bytes added on the
+longest chain of dependent steps of *this* implementation; ``cost`` is α·messages + β·bytes +
+γ·added. The ``check`` command replays the transfers and additions the code really made
+(``traced``, ``replay``) and compares them with those counts. ``bench`` fits α and β from a
+ping-pong (by default the "exchange" one: every rank sends and receives at once, as in a ring
+step) and γ from timed additions, then times every algorithm and ``dist.all_reduce``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# ---------------------------------------------------------------- point-to-point, traced
+# Every transfer goes through exchange(); a trace (a list) records each call as one "round":
+# [("send", dst, nbytes), ("recv", src, nbytes)], whichever of the two it made.
+_TRACE: list | None = None
+
+
+@contextmanager
+def traced():
+    """Record this rank's rounds of transfers: ``with traced() as rounds: ALGORITHMS[a](t)``."""
+    global _TRACE
+    _TRACE = rounds = []
+    try:
+        yield rounds
+    finally:
+        _TRACE = None
+
+
+def exchange(send: torch.Tensor | None = None, dst: int | None = None,
+             recv: torch.Tensor | None = None, src: int | None = None) -> None:
+    """Send ``send`` to rank ``dst`` while receiving ``recv`` from rank ``src`` (either may be None).
+
+    Both directions are posted before waiting, so two ranks that exchange with each other, or a
+    ring of ranks, never deadlock, and the two transfers overlap. They are posted as one batch
+    (``batch_isend_irecv``): NCCL needs a send and a receive with the same peer grouped, or
+    each waits behind the other. Tensors must be contiguous: they are sent from their memory.
+    """
+    ops = []
+    if recv is not None:
+        ops.append(dist.P2POp(dist.irecv, recv, src))
+    if send is not None:
+        ops.append(dist.P2POp(dist.isend, send, dst))
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    if _TRACE is not None:
+        _TRACE.append([(kind, peer, t.numel() * t.element_size())
+                       for kind, peer, t in (("send", dst, send), ("recv", src, recv)) if t is not None])
+
+
+def accumulate(total: torch.Tensor, incoming: torch.Tensor) -> None:
+    """``total += incoming``, recorded in a trace as a local round ("add", None, bytes)."""
+    total += incoming
+    if _TRACE is not None:
+        _TRACE.append([("add", None, incoming.numel() * incoming.element_size())])
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of ``tensor`` (a contiguous copy if it has none; the caller copies back)."""
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+
+
+_SCRATCH: dict = {}
+
+
+def scratch(n: int, like: torch.Tensor) -> torch.Tensor:
+    """A receive buffer of n elements, kept between calls: a fresh large tensor costs a page
+    fault per 4 KiB the first time it is written, on every call."""
+    key = (like.dtype, like.device)
+    if key not in _SCRATCH or _SCRATCH[key].numel() < n:
+        _SCRATCH[key] = torch.empty(n, dtype=like.dtype, device=like.device)
+    return _SCRATCH[key][:n]
+
+
+def _in_place(algorithm):
+    """Let an algorithm written for a contiguous 1-D tensor take any tensor, like dist.all_reduce."""
+    def run(tensor: torch.Tensor) -> None:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        flat = _flat(tensor)
+        algorithm(flat, dist.get_rank(), dist.get_world_size())
+        if flat.data_ptr() != tensor.data_ptr():  # it worked on a copy: write the sum back
+            tensor.copy_(flat.view_as(tensor))
+    run.__name__ = algorithm.__name__
+    run.__doc__ = algorithm.__doc__
+    return run
+
+
+# ---------------------------------------------------------------- the algorithms
+@_in_place
+def parameter_server(flat, rank, P):
+    """Rank 0 receives every other rank's vector in turn and adds it; then sends the sum to each."""
+    if rank == 0:
+        incoming = scratch(flat.numel(), flat)
+        for r in range(1, P):
+            exchange(recv=incoming, src=r)
+            accumulate(flat, incoming)
+        for r in range(1, P):
+            exchange(send=flat, dst=r)
+    else:
+        exchange(send=flat, dst=0)
+        exchange(recv=flat, src=0)
+
+
+@_in_place
+def naive_ring(flat, rank, P):
+    """P − 1 steps: pass the vector that came from the left on to the right, add what arrives."""
+    right, left = (rank + 1) % P, (rank - 1) % P
+    outgoing, incoming = flat.clone(), scratch(flat.numel(), flat)
+    for _ in range(P - 1):
+        exchange(outgoing, right, incoming, left)
+        accumulate(flat, incoming)
+        outgoing, incoming = incoming, outgoing  # pass on what arrived, not the running sum
+
+
+def ring_reduce_scatter(chunks, rank, P, on_step=None):
+    """After P − 1 steps, ``chunks[(rank + 1) % P]`` holds the sum of that chunk over all ranks.
+
+    At step s rank r sends chunk (r − s) mod P — its own at s = 0, afterwards the one it has
+    just added to — and adds the chunk (r − s − 1) mod P arriving from the left into its own copy.
+    """
+    right, left = (rank + 1) % P, (rank - 1) % P
+    buffer = scratch(chunks[0].numel(), chunks[0])  # chunk 0 is the largest (tensor_split)
+    for step in range(P - 1):
+        send, recv = chunks[(rank - step) % P], chunks[(rank - step - 1) % P]
+        incoming = buffer[:recv.numel()]
+        exchange(send, right, incoming, left)
+        accumulate(recv, incoming)
+        if on_step:
+            on_step("reduce-scatter", step)
+
+
+def ring_all_gather(chunks, rank, P, on_step=None):
+    """Each rank starts with the finished chunk (rank + 1) mod P; P − 1 steps pass them round,
+    each received straight into its place."""
+    right, left = (rank + 1) % P, (rank - 1) % P
+    for step in range(P - 1):
+        exchange(chunks[(rank + 1 - step) % P], right, chunks[(rank - step) % P], left)
+        if on_step:
+            on_step("all-gather", step)
+
+
+@_in_place
+def ring(flat, rank, P):
+    """Bandwidth-optimal ring: reduce-scatter, then all-gather, of P chunks (sizes differ by ≤ 1)."""
+    chunks = flat.tensor_split(P)  # views into flat: contiguous, no copies
+    ring_reduce_scatter(chunks, rank, P)
+    ring_all_gather(chunks, rank, P)
+
+
+def tree_children(rank: int, P: int) -> list[int]:
+    """A binary tree in heap order: rank r's children are 2r+1 and 2r+2 (those below P)."""
+    return [c for c in (2 * rank + 1, 2 * rank + 2) if c < P]
+
+
+@_in_place
+def tree(flat, rank, P):
+    """Reduce up the binary tree to rank 0 (each parent adds its children's sums), broadcast down.
+
+    Receives take the right child first (its subtree is never deeper, so it is ready first);
+    sends serve the left child first (its subtree has further to go).
+    """
+    children = tree_children(rank, P)
+    if children:
+        incoming = scratch(flat.numel(), flat)
+        for child in reversed(children):
+            exchange(recv=incoming, src=child)
+            accumulate(flat, incoming)
+    if rank != 0:
+        parent = (rank - 1) // 2
+        exchange(send=flat, dst=parent)
+        exchange(recv=flat, src=parent)
+    for child in children:
+        exchange(send=flat, dst=child)
+
+
+@_in_place
+def halving_doubling(flat, rank, P):
+    """Recursive halving (reduce-scatter) then recursive doubling (all-gather) over P' = 2^⌊log₂P⌋
+    ranks; with r = P − P' > 0, ranks 2i+1 < 2r first hand their vector to rank 2i and sit out."""
+    P2 = 1 << (P.bit_length() - 1)  # the largest power of two ≤ P
+    extra = P - P2
+    if rank < 2 * extra:  # the remainder: fold the odd rank of each pair into the even one
+        if rank % 2:
+            exchange(send=flat, dst=rank - 1)
+            exchange(recv=flat, src=rank - 1)  # the finished sum comes back at the end
+            return
+        incoming = scratch(flat.numel(), flat)
+        exchange(recv=incoming, src=rank + 1)
+        accumulate(flat, incoming)
+    me = rank // 2 if rank < 2 * extra else rank - extra  # my place among the P' active ranks
+    real = lambda v: 2 * v if v < extra else v + extra  # noqa: E731 - active place → rank
+    lo, hi, spans = 0, flat.numel(), []
+    buffer = scratch(flat.numel() - flat.numel() // 2, flat)
+    distance = P2 // 2
+    while distance:  # halving: keep one half of my span, send the other, add what comes back
+        partner = real(me ^ distance)
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+        incoming = buffer[:keep[1] - keep[0]]
+        exchange(flat[give[0]:give[1]], partner, incoming, partner)
+        accumulate(flat[keep[0]:keep[1]], incoming)
+        spans.append((lo, hi))
+        lo, hi = keep
+        distance //= 2
+    distance = 1
+    while distance < P2:  # doubling: swap finished spans until everyone has the whole vector
+        partner = real(me ^ distance)
+        plo, phi = spans.pop()
+        other = (hi, phi) if lo == plo else (plo, lo)
+        exchange(flat[lo:hi], partner, flat[other[0]:other[1]], partner)
+        lo, hi = plo, phi
+        distance *= 2
+    if rank < 2 * extra:
+        exchange(send=flat, dst=rank + 1)
+
+
+ALGORITHMS = {
+    "parameter_server": parameter_server,
+    "naive_ring": naive_ring,
+    "ring": ring,
+    "tree": tree,
+    "halving_doubling": halving_doubling,
+}
+
+
+# ---------------------------------------------------------------- the α-β cost model (pure)
+TEXTBOOK = {  # the usual formulas, in units of (α + M·β) unless stated; see critical_path for ours
+    "parameter_server": "2(α + Mβ)",
+    "naive_ring": "(P−1)(α + Mβ)",
+    "ring": "2(P−1)(α + Mβ/P)",
+    "tree": "2·log₂P·(α + Mβ)",
+    "halving_doubling": "log₂P·(α + Mβ)  (recursive doubling of whole vectors)",
+}
+FORMULAS = {  # what critical_path computes, for M = n·itemsize bytes (n divisible as needed)
+    "parameter_server": "2(P−1)(α + Mβ)",
+    "naive_ring": "(P−1)(α + Mβ)",
+    "ring": "2(P−1)(α + ⌈n/P⌉·itemsize·β)",
+    "tree": "k(P)·(α + Mβ), k = 2, 4, 4, 6, 6, 8, 8 for P = 2…8, 12 for P = 16 (its critical path)",
+    "halving_doubling": "2log₂P'·α + 2(P'−1)/P'·Mβ, + 2(α + Mβ) when P ≠ P' = 2^⌊log₂P⌋",
+}
+
+
+def _tree_steps(P: int) -> tuple[int, int]:
+    """Transfers on the critical path of ``tree`` for P ranks, one rank doing one at a time:
+    (going up, each followed by an add; coming down).
+
+    Walks the schedule the code follows: a parent takes its children's sums one after the
+    other (right child first), then sends the total down (left child first).
+    """
+    ready = [0] * P  # when rank r's subtree sum is ready to go up
+    for r in reversed(range(P)):
+        t = 0
+        for child in reversed(tree_children(r, P)):
+            t = max(t, ready[child]) + 1
+        ready[r] = t
+    have = [0] * P  # how long after rank 0 has the total rank r has it
+    for r in range(P):
+        t = have[r]
+        for child in tree_children(r, P):
+            t += 1
+            have[child] = t
+    return ready[0], max(have)
+
+
+def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Seconds the recorded rounds take under the α-β-γ model (the longest dependency chain).
+
+    ``traces[r]`` is rank r's rounds, as ``traced()`` records them. A rank starts a round when
+    its previous one has ended; a transfer starts once both its sender and its receiver have
+    started the rounds it belongs to, and takes α + β·bytes; an add takes γ·bytes; a round
+    ends with its last transfer.
+    """
+    P = len(traces)
+    where = {}  # (src, dst, k) -> (rank, round) of the k-th send src→dst and of its recv
+    for r, rounds in enumerate(traces):
+        seen = {}
+        for i, ops in enumerate(rounds):
+            for kind, peer, _ in ops:
+                if kind == "add":
+                    continue
+                key = (r, peer) if kind == "send" else (peer, r)
+                k = seen[(kind, key)] = seen.get((kind, key), -1) + 1
+                where[(kind, *key, k)] = (r, i)
+    begin = [[None] * (len(t) + 1) for t in traces]
+    for r in range(P):
+        begin[r][0] = 0.0
+    done = [0] * P  # rounds finished per rank
+    progress = True
+    while progress:
+        progress = False
+        for r in range(P):
+            while done[r] < len(traces[r]):
+                i, seen, end = done[r], {}, begin[r][done[r]]
+                for kind, peer, nbytes in traces[r][i]:
+                    if kind == "add":
+                        end = begin[r][i] + gamma * nbytes
+                        continue
+                    key = (r, peer) if kind == "send" else (peer, r)
+                    k = sum(1 for ops in traces[r][:i] for kd, pr, _ in ops if kd == kind and pr == peer)
+                    other = where.get(("recv" if kind == "send" else "send", *key, k))
+                    if other is None:
+                        raise RuntimeError(f"rank {r}: {kind} to/from {peer} has no partner (deadlock)")
+                    start = begin[other[0]][other[1]]
+                    if start is None:
+                        break
+                    end = max(end, max(begin[r][i], start) + alpha + beta * nbytes)
+                else:
+                    begin[r][i + 1] = end
+                    done[r] += 1
+                    progress = True
+                    continue
+                break
+    if any(done[r] < len(traces[r]) for r in range(P)):
+        raise RuntimeError("the recorded transfers wait on each other in a cycle (deadlock)")
+    return max(b[-1] for b in begin)
+
+
+def critical_path(algo: str, P: int, n: int, itemsize: int = 4) -> tuple[int, int, int]:
+    """(messages, bytes sent, bytes added) on the critical path of ``ALGORITHMS[algo]`` for n
+    elements on P ranks. A transfer that sends and receives at once counts once, with the
+    larger of its two sizes (full-duplex links).
+    """
+    M = n * itemsize
+    if P == 1:
+        return 0, 0, 0
+    if algo == "parameter_server":  # rank 0 receives and adds P − 1 vectors, then sends P − 1
+        return 2 * (P - 1), 2 * (P - 1) * M, (P - 1) * M
+    if algo == "naive_ring":
+        return P - 1, (P - 1) * M, (P - 1) * M
+    if algo == "ring":  # every step someone moves one of the largest chunks
+        chunk = math.ceil(n / P) * itemsize
+        return 2 * (P - 1), 2 * (P - 1) * chunk, (P - 1) * chunk
+    if algo == "tree":
+        up, down = _tree_steps(P)
+        return up + down, (up + down) * M, up * M
+    if algo == "halving_doubling":
+        P2 = 1 << (P.bit_length() - 1)
+        steps = P2.bit_length() - 1
+        # step k of the halving sends the larger half of a span of ⌈n/2^(k−1)⌉: ⌈n/2^k⌉ items
+        halves = sum(math.ceil(n / 2 ** k) for k in range(1, steps + 1)) * itemsize
+        fold = P != P2  # the remainder ranks' vector in (and added), the sum back out
+        return 2 * steps + 2 * fold, 2 * halves + 2 * fold * M, halves + fold * M
+    raise KeyError(f"unknown algorithm {algo!r}; choose from {', '.join(ALGORITHMS)}")
+
+
+def cost(algo: str, P: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0,
+         itemsize: int = 4) -> float:
+    """Seconds for ``ALGORITHMS[algo]`` by the α-β-γ model: α per message, β per byte sent and
+    γ per byte added on the critical path (γ = 0: the plain α-β model)."""
+    messages, moved, added = critical_path(algo, P, max(1, round(nbytes / itemsize)), itemsize)
+    return alpha * messages + beta * moved + gamma * added
+
+
+def busbw_factor(P: int) -> float:
+    """bus bandwidth = algbw · 2(P−1)/P: the bytes each rank must move in any all-reduce,
+    as a multiple of M (NCCL's convention), so that busbw can be compared across P."""
+    return 2 * (P - 1) / P
+
+
+def fit_alpha_beta(nbytes, seconds, small: int = 1024, large: int = 8 * 2**20) -> tuple[float, float]:
+    """α, β of t = α + m·β from a ping-pong: α is the median time of the messages of at most
+    ``small`` bytes (latency-bound), β the slope through those of at least ``large`` bytes
+    (bandwidth-bound; the largest measured if none is that large), on relative error.
+    (Without small messages: both by least squares.)
+
+    Over loopback the time per byte grows once messages no longer fit in the caches, so one
+    straight line through 4 B … 64 MiB fits neither end; the model is meant for each end, and
+    the gradients an all-reduce carries are megabytes that come from memory, not from cache.
+    """
+    m = torch.tensor(nbytes, dtype=torch.float64)
+    t = torch.tensor(seconds, dtype=torch.float64)
+    lat, bw = m <= small, m >= min(large, m.max().item())
+    if lat.any() and bw.any():
+        alpha = t[lat].median().item()
+        w = m[bw] / t[bw]  # minimise Σ((α + mβ − t)/t)² over β
+        beta = ((w * (1 - alpha / t[bw])).sum() / (w * w).sum()).item()
+        return alpha, max(beta, 0.0)
+    A = torch.stack([1 / t, m / t], dim=1)  # (α + mβ)/t ≈ 1
+    sol = torch.linalg.lstsq(A, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1)
+    return max(sol[0].item(), 0.0), max(sol[1].item(), 0.0)
+
+
+def winner(P: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0) -> str:
+    """The algorithm the model says is fastest (the explorer's answer)."""
+    return min(ALGORITHMS, key=lambda a: cost(a, P, nbytes, alpha, beta, gamma))
+
+
+def model_table(P: int, sizes, alpha: float, beta: float, gamma: float = 0.0) -> dict[str, list[float]]:
+    """{algorithm: [model seconds for each size]}: what the explorer draws."""
+    return {a: [cost(a, P, m, alpha, beta, gamma) for m in sizes] for a in ALGORITHMS}
+
+
+def explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
+    """Sliders for P, M, α and β (γ stays as given): the model time of every algorithm over
+    message size, the winner at M drawn thick. Everything it draws comes from ``model_table``
+    and ``winner``, which the tests check."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    style = dict(continuous_update=False, style={"description_width": "60px"})
+    P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
+    M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1, description="M (bytes)", **style)
+    a = w.FloatLogSlider(value=alpha, base=10, min=-7, max=-2, step=0.1, description="α (s)", **style)
+    b = w.FloatLogSlider(value=beta, base=10, min=-12, max=-7, step=0.1, description="β (s/B)", **style)
+    out = w.Output()
+    sizes = [2.0 ** k for k in range(2, 31)]
+
+    def draw(*_):
+        table = model_table(P.value, sizes, a.value, b.value, gamma)
+        best = winner(P.value, M.value, a.value, b.value, gamma)
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            for name, ts in table.items():
+                ax.loglog(sizes, ts, label=name, lw=3 if name == best else 1.2)
+            ax.axvline(M.value, color="k", ls=":")
+            ax.set(xlabel="message size M (bytes)", ylabel="model time (s)",
+                   title=f"P={P.value}, M={fmt_bytes(M.value)}: {best} wins "
+                         f"({cost(best, P.value, M.value, a.value, b.value, gamma) * 1e3:.3g} ms)")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3, which="both")
+            plt.show()
+
+    for s in (P, M, a, b):
+        s.observe(draw, "value")
+    draw()
+    box = w.VBox([w.HBox([P, M]), w.HBox([a, b]), out])
+    display(box)
+    return box
+
+
+# ---------------------------------------------------------------- sizes
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64KiB, 1MiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1KiB,1MiB' or 'LO:HI[:FACTOR]' (LO, LO·4, … up to HI; factor 2 by default)."""
+    sizes = []
+    for part in text.split(","):
+        if ":" in part:
+            lo, hi, *factor = part.split(":")
+            s, hi, f = parse_size(lo), parse_size(hi), int(factor[0]) if factor else 2
+            while s <= hi:
+                sizes.append(s)
+                s *= f
+        else:
+            sizes.append(parse_size(part))
+    return sizes
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n:g} B"
+
+
+# ---------------------------------------------------------------- measuring (in a process group)
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_allreduce(fn, nbytes: int, repeats: int, device, warmup: int = 1) -> float:
+    """Median seconds of ``fn(t)`` on a float32 tensor of ``nbytes``, the slowest rank's each time."""
+    t = torch.ones(max(1, nbytes // 4), device=device)
+    times = []
+    for i in range(warmup + repeats):
+        t.fill_(1.0)  # the same numbers every time: no overflow, no denormals
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        fn(t)
+        _sync(device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the all-reduce ends when its last rank does
+        if i >= warmup:
+            times.append(elapsed.item())
+    return statistics.median(times)
+
+
+def ping_pong(nbytes: int, repeats: int, device, both: bool = False, warmup: int = 1) -> float:
+    """Seconds for one transfer of ``nbytes``.
+
+    ``both=False``: the classic ping-pong: rank 0 sends, rank 1 sends it back (the other ranks
+    wait); half the median round trip. ``both=True``: every rank sends to its right neighbour
+    while receiving from its left, all at once: one step of a ring, with the load a ring puts
+    on every rank (for P = 2, ranks 0 and 1 exchange). On a network with full-duplex links and
+    a core per rank, the two agree; over loopback the CPU copies every byte, both directions
+    of every rank, and an exchange costs more.
+    """
+    t, u = torch.zeros(max(1, nbytes // 4), device=device), torch.zeros(max(1, nbytes // 4), device=device)
+    rank, P = dist.get_rank(), dist.get_world_size()
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        if both:
+            exchange(t, (rank + 1) % P, u, (rank - 1) % P)
+        elif rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+        _sync(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) / (1 if both else 2))
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)  # the slowest rank's (only 0 and 1 time a ping-pong)
+    return median.item()
+
+
+def add_time(nbytes: int, repeats: int, device) -> float:
+    """Median seconds of ``a += b`` on float32 vectors of ``nbytes``, every rank at once (as in
+    an all-reduce, where the ranks add at the same time on shared cores and memory)."""
+    a, b = torch.ones(max(1, nbytes // 4), device=device), torch.ones(max(1, nbytes // 4), device=device)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        a += b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    return median.item()
+
+
+def fit_gamma(nbytes, seconds, large: int = 8 * 2**20) -> float:
+    """γ, seconds per byte added: the slope through the origin of the adds of ≥ ``large`` bytes
+    (the largest measured, if none is that large), on relative error."""
+    large = min(large, max(nbytes))
+    pairs = [(m, t) for m, t in zip(nbytes, seconds) if m >= large]
+    return sum(m / t for m, t in pairs) / sum((m / t) ** 2 for m, t in pairs)
+
+
+def repeats_for(nbytes: int, repeats: int) -> int:
+    """More repeats for small messages: cheap, and a busy machine's scheduler stalls (a few ms)
+    would otherwise decide their median."""
+    return repeats if nbytes >= 2**20 else max(repeats, 25)
+
+
+def _setup(args):
+    from dpcourse import dist as ddp_env
+
+    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=args.timeout))
+    return env
+
+
+def bench(args) -> int:
+    """Ping-pong (α, β fitted), then every chosen algorithm over every size; rank 0 prints and logs."""
+    from tqdm import tqdm
+
+    from dpcourse.dist import bar_off
+    from dpcourse.metrics import JsonLog
+
+    from dpcourse.dist import env_info, stop
+
+    algos = list(ALGORITHMS) + ["native"] if args.algo == "all" else args.algo.split(",")
+    for a in algos:  # before the process group: a typo ends the run at once, said by rank 0
+        if a not in ALGORITHMS and a != "native":
+            stop(env_info(), f"unknown algorithm {a!r}: choose from all, native, {', '.join(ALGORITHMS)}")
+    if env_info().world_size < 2:
+        stop(env_info(), "bench needs at least 2 ranks: torchrun --nproc-per-node 2 -m dpcourse.allreduce bench")
+    env = _setup(args)
+    rank, P = dist.get_rank(), dist.get_world_size()
+    log = JsonLog(args.json if rank == 0 else None, world_size=P, backend=env.backend,
+                  device=env.device.type)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    if args.check:  # a few cases first: right, and transfers as the model counts them
+        _, failures = check_cases((1, P + 1, 1001, 65537), (torch.float32,), env.device, log)
+        if failures:
+            raise SystemExit(1)
+    say(f"{P} ranks, {env.backend} on {env.device.type}; ping-pong (ranks 0 ↔ 1), exchange (every rank → its right), adds ...", flush=True)
+    pp_sizes = parse_sizes(args.pingpong_sizes)
+    fits = {}
+    for mode in ("oneway", "exchange"):
+        pp = [ping_pong(m, repeats_for(m, args.repeats), env.device, both=mode == "exchange")
+              for m in pp_sizes]
+        for m, t in zip(pp_sizes, pp):
+            log.write("pingpong", mode=mode, bytes=m, seconds=t)
+        fits[mode] = fit_alpha_beta(pp_sizes, pp)
+        a, b = fits[mode]
+        log.write("fit", mode=mode, alpha_s=a, beta_s_per_byte=b, used=mode == args.fit)
+        say(f"{mode:>8} ping-pong: α = {a * 1e6:6.1f} µs, β = {b * 1e9:.3f} ns/B "
+            f"(1/β = {1 / b / 1e9 if b else float('inf'):.2f} GB/s){'  ← the model uses this' if mode == args.fit else ''}")
+    alpha, beta = fits[args.fit]
+    adds = [add_time(m, repeats_for(m, args.repeats), env.device) for m in pp_sizes]
+    for m, t in zip(pp_sizes, adds):
+        log.write("add", bytes=m, seconds=t)
+    gamma = fit_gamma(pp_sizes, adds) if args.gamma else 0.0
+    log.write("fit", mode="add", gamma_s_per_byte=gamma, used=args.gamma)
+    say(f"     add (a += b): γ = {gamma * 1e9:.3f} ns/B{'' if args.gamma else ' (not used: --no-gamma)'}")
+    say(f"{'algorithm':<17} {'size':>10} {'time ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} {'model ms':>9} {'model err':>9}")
+    jobs = [(a, m) for m in args.sizes for a in algos]
+    for a, m in tqdm(jobs, desc="bench", disable=bar_off(rank), leave=False):
+        fn = dist.all_reduce if a == "native" else ALGORITHMS[a]
+        t = time_allreduce(fn, m, repeats_for(m, args.repeats), env.device)
+        algbw = m / t / 1e9
+        model = cost(a, P, m, alpha, beta, gamma) if a != "native" else None
+        log.write("allreduce", algo=a, bytes=m, seconds=t, algbw_GBps=algbw,
+                  busbw_GBps=algbw * busbw_factor(P), model_s=model,
+                  repeats=repeats_for(m, args.repeats))
+        err = f"{(model - t) / t:+9.0%}" if model else f"{'':>9}"
+        say(f"{a:<17} {fmt_bytes(m):>10} {t * 1e3:9.3f} {algbw:10.3f} {algbw * busbw_factor(P):10.3f} "
+            f"{model * 1e3 if model else float('nan'):9.3f} {err}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+CHECK_LENGTHS = (1, 2, 3, 5, 7, 64, 1000, 1001, 65537)
+
+
+def check_cases(lengths, dtypes, device, log, verbose=False) -> tuple[int, int]:
+    """Every algorithm × length × dtype against dist.all_reduce, and the transfers and additions
+    each made, replayed, against ``critical_path``. Returns (cases, failures); rank 0 prints failures."""
+    rank, P = dist.get_rank(), dist.get_world_size()
+    cases = failures = 0
+    for dtype in dtypes:
+        for n in lengths:
+            g = torch.Generator().manual_seed(1000 * rank + n)
+            data = torch.randn(n, generator=g, dtype=dtype).to(device)
+            expected = data.clone()
+            dist.all_reduce(expected)
+            for algo, fn in ALGORITHMS.items():
+                t = data.clone()
+                with traced() as rounds:
+                    fn(t)
+                ok = torch.allclose(t, expected, rtol=1e-6, atol=1e-6 * P)
+                # what this code did, replayed: messages (α=1), bytes sent (β=1), bytes added (γ=1)
+                traces = [None] * P
+                dist.all_gather_object(traces, rounds)
+                counted = tuple(round(replay(traces, *w)) for w in ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
+                model = critical_path(algo, P, n, t.element_size())
+                counted_ok = counted == model
+                verdict = torch.tensor([int(ok and counted_ok)], device=device)
+                dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # right only if right on every rank
+                good = bool(verdict.item())
+                cases, failures = cases + 1, failures + (not good)
+                err = (t - expected).abs().max().item()
+                log.write("case", algo=algo, n=n, dtype=str(dtype).removeprefix("torch."), ok=good,
+                          max_abs_err=err, counted=counted, model=model, counts_ok=bool(counted_ok))
+                if rank == 0 and (not good or verbose):
+                    print(f"{algo:<17} n={n:<9} {str(dtype)[6:]:<8} "
+                          f"{'ok' if ok else 'WRONG'} (max |Δ| {err:.1e}); critical path (messages, bytes "
+                          f"sent, bytes added) {counted} vs model {model}{'' if counted_ok else '  MISMATCH'}",
+                          flush=True)
+    if rank == 0:
+        print(f"{P} ranks: {cases - failures} of {cases} cases agree with dist.all_reduce "
+              "and with the model's transfer counts", flush=True)
+    return cases, failures
+
+
+def check(args) -> int:
+    """``check_cases`` over lengths 1 … 65537 in float32 and float64 (and --large in float32)."""
+    from dpcourse.metrics import JsonLog
+
+    env = _setup(args)
+    rank, P = dist.get_rank(), dist.get_world_size()
+    log = JsonLog(args.json if rank == 0 else None, world_size=P, backend=env.backend)
+    lengths = list(CHECK_LENGTHS) + [parse_size(s) // 4 for s in args.large]
+    _, failures = check_cases(lengths, (torch.float32, torch.float64), env.device, log, args.verbose)
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.allreduce", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("bench", "check"):
+        p = sub.add_parser(name, help={"bench": "ping-pong, α-β fit, every algorithm over message sizes",
+                                       "check": "every algorithm against dist.all_reduce"}[name])
+        p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
+        p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+        p.add_argument("--timeout", type=float, default=120, help="seconds a transfer may wait")
+        p.add_argument("--json", "--log-json", dest="json", default=None, help="rank 0 writes JSON lines here")
+    b = sub.choices["bench"]
+    b.add_argument("--algo", default="all", help="all, or a comma list of: native, " + ", ".join(ALGORITHMS))
+    b.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1KiB:64MiB:4"),
+                   help="message sizes in bytes: 1KiB,1MiB or LO:HI[:FACTOR] (default 1KiB:64MiB:4)")
+    b.add_argument("--repeats", type=int, default=5, help="timed runs per point (the median counts)")
+    b.add_argument("--pingpong-sizes", default="4B:64MiB:4", help="sizes of the ping-pong that fits α, β")
+    b.add_argument("--fit", default="exchange", choices=["exchange", "oneway"],
+                   help="which ping-pong the model's α, β come from (default: exchange, what a ring step does)")
+    b.add_argument("--check", action="store_true",
+                   help="first check every algorithm against dist.all_reduce and the model's counts")
+    b.add_argument("--no-gamma", dest="gamma", action="store_false",
+                   help="the plain α-β model: leave out the time of the additions (γ)")
+    c = sub.choices["check"]
+    c.add_argument("--large", nargs="*", default=[], help="extra sizes, e.g. 64MiB (float32 only)")
+    c.add_argument("--verbose", action="store_true", help="one line per case, not only failures")
+    args = parser.parse_args(argv)
+    return bench(args) if args.command == "bench" else check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
