@@ -243,9 +243,50 @@ class TinyNet(nn.Module):
         return self.head(h)
 
 
+class StallWatch:
+    """Notes what would stall backward in the hooks: an all-reduce without ``async_op=True``,
+    or a ``wait()`` on one before backward has finished (the check wraps ``dist.all_reduce``)."""
+
+    def __init__(self):
+        self.in_backward, self.stalls, self.real = False, set(), dist.all_reduce
+
+    def __enter__(self):
+        def all_reduce(tensor, *args, async_op=False, **kwargs):
+            if not async_op:
+                if self.in_backward:
+                    self.stalls.add("a blocking all_reduce in a hook (it returns no work, and "
+                                    "backward waits for it): use async_op=True")
+                return self.real(tensor, *args, **kwargs)
+            return Watched(self.real(tensor, *args, async_op=True, **kwargs), self)
+        dist.all_reduce = all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self.real
+
+
+class Watched:
+    """An all-reduce's work handle that tells its StallWatch when it is waited for too early."""
+
+    def __init__(self, work, watch):
+        self.work, self.watch = work, watch
+
+    def wait(self, *args):
+        if self.watch.in_backward:
+            self.watch.stalls.add("wait() on an all-reduce inside backward (backward then waits "
+                                  "for every sum): leave the waiting to finish_gradient_synchronization")
+        return self.work.wait(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
 def check(args, env, steps=4, lr=0.2, tolerance=1e-5):
     """Each class against one process on the whole global batch; True if all of them agree."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    if world_size < 2:  # with one rank, a sum, a mean and doing nothing all look right
+        ddp_env.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes unseen): "
+                     "torchrun --standalone --nproc-per-node 2 labs/ddp_by_hand.py --check")
     G, gen = 6 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
     batches = [(torch.randn(G, 8, generator=gen).to(env.device),
                 torch.randint(4, (G,), generator=gen).to(env.device)) for _ in range(steps)]
@@ -267,16 +308,19 @@ def check(args, env, steps=4, lr=0.2, tolerance=1e-5):
         name = label(name, model)
         optimizer, diff, idle = torch.optim.SGD(model.parameters(), lr=lr), 0.0, set()
         try:
-            for step, (x, y) in enumerate(batches):
-                optimizer.zero_grad()
-                shard = slice(rank, None, world_size)  # DDP: this rank's rows of the global batch
-                F.cross_entropy(model(x[shard], extra=step % 2 == 1), y[shard]).backward()
-                for i, b in enumerate(getattr(model, "buckets", [])):  # full, yet not sent?
-                    if b.work is None and all(p.grad is not None for p in b.params):
-                        idle.add(i)
-                model.finish_gradient_synchronization()  # DDP: .grad = the average
-                optimizer.step()
-                diff = max(diff, max_abs_diff(model.module.state_dict(), after[step]))
+            with StallWatch() as watch:
+                for step, (x, y) in enumerate(batches):
+                    optimizer.zero_grad()
+                    shard = slice(rank, None, world_size)  # DDP: this rank's rows of the global batch
+                    watch.in_backward = True
+                    F.cross_entropy(model(x[shard], extra=step % 2 == 1), y[shard]).backward()
+                    watch.in_backward = False
+                    for i, b in enumerate(getattr(model, "buckets", [])):  # full, yet not sent?
+                        if b.work is None and all(p.grad is not None for p in b.params):
+                            idle.add(i)
+                    model.finish_gradient_synchronization()  # DDP: .grad = the average
+                    optimizer.step()
+                    diff = max(diff, max_abs_diff(model.module.state_dict(), after[step]))
         except NotImplementedError as err:  # a stub in the learner's copy: every rank meets it
             line = traceback.extract_tb(err.__traceback__)[-1].lineno
             if rank == 0:
@@ -287,9 +331,12 @@ def check(args, env, steps=4, lr=0.2, tolerance=1e-5):
         worst = torch.tensor([diff, len(idle)], device=env.device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
         diff, n_idle = worst[0].item(), int(worst[1].item())
-        if n_idle:
-            why = (f"{n_idle} full bucket(s) not all-reduced during backward: start a bucket's "
-                   "all-reduce (async_op=True) in the hook that fills it, and keep its work")
+        if watch.stalls:  # every rank runs the same code, so every rank saw the same stalls
+            why = "; ".join(sorted(watch.stalls))
+        elif n_idle:
+            why = (f"{n_idle} full bucket(s) had no all-reduce work when backward ended: start a "
+                   "bucket's all-reduce with async_op=True in the hook that fills it, and keep "
+                   "its work in bucket.work")
         elif not diff <= tolerance:
             why = f"weights differ from one process by up to {diff:.2g} (tolerance {tolerance:g})"
         else:

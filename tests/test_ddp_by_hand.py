@@ -72,10 +72,17 @@ def with_answer(exercise: str, code: str) -> str:
     return text[:region.start()] + body + text[region.end():]
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 3])
+def test_check_refuses_one_process():
+    """With one rank every wrong answer (no all-reduce, a sum for a mean) would look right."""
+    result = run([sys.executable, str(SOLUTION), "--check"], timeout=60)
+    assert result.returncode != 0 and "--check needs at least 2 ranks" in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
 def test_check_passes_for_every_variant(nproc):
-    """One process (plain python), 2 and 3 ranks: each class matches one process on the global batch."""
-    cmd = [sys.executable, str(SOLUTION), "--check"] if nproc == 1 else torchrun_cmd(nproc, SOLUTION, "--check")
+    """2 and 3 ranks: each class matches one process on the global batch."""
+    cmd = torchrun_cmd(nproc, SOLUTION, "--check")
     result = run(cmd, timeout=90)
     assert result.returncode == 0, result.stdout
     found = verdicts(result.stdout)

@@ -110,20 +110,6 @@ WRONG.update({
             return order[rank::num_replicas]""",
     },
     ("06_data_sharding.ipynb", "exercise 2"): {
-        "set_epoch forgotten": Lab("fashion_ddp.py", "tell the sampler which epoch", "pass"),
-        "set_epoch with a constant": Lab("fashion_ddp.py", "tell the sampler which epoch", "sampler.set_epoch(0)"),
-        "the global RNG reseeded instead": Lab("fashion_ddp.py", "tell the sampler which epoch",
-                                               "torch.manual_seed(args.seed + epoch)"),
-        "the sampler not shuffled": Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
-            sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True)"""),
-        "every rank samples the whole set": Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
-            sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed, drop_last=True)"""),
-        "the evaluation's all_reduce forgotten": Lab("fashion_ddp.py", "sum the three totals", "pass"),
-        "the evaluation's all_reduce with MAX": Lab("fashion_ddp.py", "sum the three totals",
-                                                    "dist.all_reduce(totals, op=dist.ReduceOp.MAX)"),
-        "the all_reduce of a copy": Lab("fashion_ddp.py", "sum the three totals", "dist.all_reduce(totals.clone())"),
-    },
-    ("06_data_sharding.ipynb", "exercise 3"): {
         "every rank at once (no guard)": Lab("io_race.py", "on rank 0 first", "downloaded = fetch_if_missing(source, dest, args)"),
         "rank 0 fetches, the others do not wait": Lab("io_race.py", "on rank 0 first", """
             downloaded = fetch_if_missing(source, dest, args) if dist.get_rank() == 0 else False"""),
@@ -153,9 +139,30 @@ WRONG.update({
         "sent one gradient too early": Lab(
             "ddp_by_hand.py", "once no gradient of the bucket",
             "if bucket.waiting == 1:\n    bucket.work = dist.all_reduce(bucket.buffer, async_op=True)"),
+        "a blocking all-reduce in the hook": Lab(
+            "ddp_by_hand.py", "once no gradient of the bucket",
+            "if bucket.waiting == 0:\n    dist.all_reduce(bucket.buffer)"),
+        "waited for at once (no overlap)": Lab(
+            "ddp_by_hand.py", "once no gradient of the bucket",
+            "if bucket.waiting == 0:\n    bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n    bucket.work.wait()"),
     },
     ("05_one_process_to_ddp.ipynb", "exercise 3"): {
         "the model never wrapped": Lab("fashion_ddp.py", "wrap model in DDP", "pass"),
+        "set_epoch forgotten": Lab("fashion_ddp.py", "tell the sampler which epoch", "pass"),
+        "every rank samples the whole set": Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
+            sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed, drop_last=True)"""),
+        "the evaluation's all_reduce forgotten": Lab("fashion_ddp.py", "sum the three totals", "pass"),
+    },
+    ("06_data_sharding.ipynb", "exercise 3"): {
+        "the DataLoader shuffles on its own": Lab("fashion_ddp.py", "a DataLoader over the torchvision", """
+            loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
+                                shuffle=True, num_workers=args.workers, drop_last=True)"""),
+        "no sampler, no shuffle": Lab("fashion_ddp.py", "a DataLoader over the torchvision", """
+            loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
+                                num_workers=args.workers, drop_last=True)"""),
+        "the global batch per worker": Lab("fashion_ddp.py", "a DataLoader over the torchvision", """
+            loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=global_batch,
+                                sampler=sampler, num_workers=args.workers, drop_last=True)"""),
     },
 })
 # More wrong answers live beside this file, one module per notebook: tests/wrong_answers_NN.py,

@@ -78,6 +78,15 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, fashion_root)
     a, b = torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "resumed.pt")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ended with other weights"
     assert log[-1]["step"] == 60
+    resumed = [r for r in log if r["event"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["step"] == 35, "the log does not say where training went on"
+    steps_per_epoch = 60_000 // 128
+    assert log[-1]["epoch"] == round(60 / steps_per_epoch, 4), "epoch: training done, in epochs"
+    assert all("test_accuracy" not in r for r in log if r["event"] == "train"), "train records repeat old test figures"
+    # The same command again, once the run has finished: one line that says so, exit 0, no training.
+    again, _ = lab(2, *common, "--max-steps", "35", "--resume", tmp_path / "ck" / "last.pt")
+    assert again.returncode == 0 and "checkpoint of a finished run (step 35, stopped by max_steps)" in again.stdout, again.stdout
+    assert "test accuracy" not in again.stdout
 
 
 def _worker_pid(marker: str, rank: int) -> int | None:
@@ -110,6 +119,7 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
     assert proc.returncode == 0, out
     assert "resumed at step 100" in out
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["event"] == "resume"] == [100], "the restart left no record in the log"
     assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.90 and log[-1]["stop"] == "target_accuracy"
 
 

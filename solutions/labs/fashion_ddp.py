@@ -169,9 +169,12 @@ def main(args):
                                  shuffle=True, seed=args.seed, drop_last=True)
     ### END SOLUTION
     if args.loader == "torchvision":  # the classic per-sample pipeline, fed by the same sampler
+        ### BEGIN SOLUTION (hint: a DataLoader over the torchvision training set: this worker's batch, in the order the sampler gives, args.workers worker processes, the uneven tail dropped)
         loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
-                            sampler=sampler, num_workers=args.workers, drop_last=True,
+                            sampler=sampler,  # DDP: the sampler decides the order, not shuffle=True
+                            num_workers=args.workers, drop_last=True,
                             pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
+        ### END SOLUTION
     steps_per_epoch = len(sampler) // batch
 
     model = FashionCNN(width=args.width, norm=args.norm).to(device, dtype, memory_format=torch.channels_last)
@@ -184,6 +187,15 @@ def main(args):
         resume = str(last) if last.exists() else None
     if resume:
         progress = load_checkpoint(resume, model, opt, sched, env, global_batch)
+        done = progress.get("finished") or ("epochs" if progress["epoch"] >= args.epochs else
+                                            "max_steps" if args.max_steps and progress["step"] >= args.max_steps else None)
+        if done:  # e.g. the same command run again after the run finished
+            if rank == 0:  # DDP: one rank talks
+                print(f"{resume} is the checkpoint of a finished run (step {progress['step']}, stopped by "
+                      f"{done}): nothing to do. Delete it, or give another --checkpoint-dir, to train afresh.",
+                      flush=True)
+            cleanup()
+            return
     if not args.no_ddp:
         ### BEGIN SOLUTION (hint: wrap model in DDP; on a GPU, give it this rank's device)
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: averaged gradients
@@ -193,6 +205,8 @@ def main(args):
     log = JsonLog(args.log_json if rank == 0 else None, append=bool(resume),  # DDP: rank 0 logs
                   elapsed_before=progress["elapsed_s"], world_size=world_size, global_batch=global_batch,
                   lr=lr, loader=args.loader, ddp=not args.no_ddp)
+    if resume:  # a restart shows in the log: training went on from this step
+        log.write("resume", epoch=round(progress["step"] / steps_per_epoch, 4), step=progress["step"], checkpoint=str(resume))
     if rank == 0:  # DDP: one rank talks
         print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} steps "
               f"per epoch, {env.backend} on {device}" + (f", resumed at step {progress['step']}" if resume else ""),
@@ -211,8 +225,10 @@ def main(args):
         mean_loss = loss_sum.clone()
         dist.all_reduce(mean_loss)  # DDP: sum of every rank's losses
         mean_loss = mean_loss.item() / max(1, loss_n * world_size)
-        rec = log.write(event, epoch=epoch, step=step, train_loss=round(mean_loss, 5) if loss_n else None,
-                        samples_per_s=round(seen / train_s, 1) if train_s else None, **last_eval, **fields)
+        tested = last_eval if event in ("eval", "epoch", "done") else {}  # fresh test figures only
+        rec = log.write(event, epoch=round(step / steps_per_epoch, 4), step=step,
+                        train_loss=round(mean_loss, 5) if loss_n else None,
+                        samples_per_s=round(seen / train_s, 1) if train_s else None, **tested, **fields)
         seen, train_s, loss_sum, loss_n = 0, 0.0, torch.zeros((), device=device), 0
         return rec
 
@@ -234,7 +250,7 @@ def main(args):
             x = x.to(device, dtype, non_blocking=True).contiguous(memory_format=torch.channels_last)
             y = y.to(device, non_blocking=True)
             if i == 0 and rank == 0:
-                log.write("epoch_start", epoch=epoch, step=step, first_labels=y[:8].tolist())
+                log.write("epoch_start", epoch=epoch, step=step, first_labels=y[:8].tolist())  # epoch = step / steps per epoch
             with amp:
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
@@ -291,7 +307,7 @@ def main(args):
         if args.save_model:
             torch.save(unwrap(model).state_dict(), args.save_model)
         if args.checkpoint_dir:
-            progress["elapsed_s"] = log.elapsed()
+            progress.update(elapsed_s=log.elapsed(), finished=final["stop"] if final["stop"] == "target_accuracy" else None)
             save_checkpoint(Path(args.checkpoint_dir) / "last.pt", unwrap(model), opt, sched, progress, args, env)
     cleanup()
 

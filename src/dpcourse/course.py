@@ -190,7 +190,8 @@ def _is_stub(error) -> bool:
 
 
 def _error_line(error) -> str:
-    return f"{error['ename']}: {error['evalue']}".splitlines()[0][:120]
+    line = f"{error['ename']}: {error['evalue']}".splitlines()[0]
+    return line if len(line) <= 600 else line[:600] + " …"  # a check's message in full; not a dump
 
 
 def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
