@@ -1,7 +1,7 @@
 """The ten communication primitives of torch.distributed, each run once, before and after shown.
 
-    torchrun --standalone --nproc-per-node 4 solutions/labs/collectives_tour.py
-    torchrun --standalone --nproc-per-node 4 solutions/labs/collectives_tour.py --only all_to_all
+    torchrun --standalone --nproc-per-node 4 labs/collectives_tour.py
+    torchrun --standalone --nproc-per-node 4 labs/collectives_tour.py --only all_to_all
 
 (Activate the course's environment first: source .venv/bin/activate.) Rank r starts every
 primitive from the same row of numbers, 10·r + j for position j (rank 2 of 4: 20 21 22 23),

@@ -1,7 +1,7 @@
 """Waiting for communication, or not; and who carries the traffic: a server, or everyone.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/comm_patterns.py async   # blocking vs async_op=True, isend/irecv
-    torchrun --standalone --nproc-per-node 4 solutions/labs/comm_patterns.py ps      # parameter server vs all_reduce
+    torchrun --standalone --nproc-per-node 2 labs/comm_patterns.py async   # blocking vs async_op=True, isend/irecv
+    torchrun --standalone --nproc-per-node 4 labs/comm_patterns.py ps      # parameter server vs all_reduce
 
 (Activate the course's environment first: source .venv/bin/activate.) Rank 0 prints a table
 and, with --log-json, writes one JSON record per measurement: every rank's timeline (async)
@@ -126,7 +126,7 @@ def async_demo(args, env, log):
     repeats = calibrate(x, a, env.device)
     say(f"{args.mib} MiB float32 per message on {world_size} ranks; compute = {repeats} × tanh(A @ A), "
         f"A {args.matrix}×{args.matrix}, about as long as one all_reduce; median of {args.repeats} runs")
-    say(f"{'':20} {'total ms':>9}   rank 0's timeline")
+    say(f"{'':20} {'total ms':>9}   (total: the slowest rank's; then rank 0's timeline, ms)")
     for mode in ("blocking all_reduce", "async all_reduce", "blocking send/recv", "isend/irecv"):
         runs = []
         for _ in range(args.repeats):

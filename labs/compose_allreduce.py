@@ -1,6 +1,6 @@
 """all_reduce built from two other collectives: reduce_scatter, then all_gather.
 
-    torchrun --standalone --nproc-per-node 3 solutions/labs/compose_allreduce.py --check
+    torchrun --standalone --nproc-per-node 3 labs/compose_allreduce.py --check
 
 (Activate the course's environment first: source .venv/bin/activate.) --check runs
 all_reduce_by_parts on tensors of awkward sizes (1 element, sizes that the world size does not

@@ -1,8 +1,8 @@
 """DistributedDataParallel rebuilt by hand in three steps, each checked against the real one.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_by_hand.py           # time them
-    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_by_hand.py --check   # right?
-    python solutions/labs/ddp_by_hand.py                                             # one process
+    torchrun --standalone --nproc-per-node 2 labs/ddp_by_hand.py           # time them
+    torchrun --standalone --nproc-per-node 2 labs/ddp_by_hand.py --check   # right?
+    python labs/ddp_by_hand.py                                             # one process
 
 Each class wraps a module as torch's DDP does: when built, it copies rank 0's parameters and
 buffers to every rank; calls go on to ``.module``; and ``finish_gradient_synchronization()``,

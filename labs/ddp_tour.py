@@ -1,7 +1,7 @@
 """What a process group and DistributedDataParallel do for you, one short demonstration at a time.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_tour.py init   # env://, tcp://, file://
-    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_tour.py ddp    # broadcast, no_sync, unused
+    torchrun --standalone --nproc-per-node 2 labs/ddp_tour.py init   # env://, tcp://, file://
+    torchrun --standalone --nproc-per-node 2 labs/ddp_tour.py ddp    # broadcast, no_sync, unused
 
 (Activate the course's environment first: source .venv/bin/activate.) Rank 0 prints; with
 --log-json it also writes one JSON record per demonstration.

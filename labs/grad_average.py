@@ -1,8 +1,8 @@
 """Gradient averaging in real processes: K shard gradients, averaged, against one whole batch.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/grad_average.py            # the identity
-    torchrun --standalone --nproc-per-node 3 solutions/labs/grad_average.py --case all # where it breaks
-    python solutions/labs/grad_average.py                                              # one process
+    torchrun --standalone --nproc-per-node 2 labs/grad_average.py            # the identity
+    torchrun --standalone --nproc-per-node 3 labs/grad_average.py --case all # where it breaks
+    python labs/grad_average.py                                              # one process
 
 Every rank builds the same course CNN (same seed) and draws the same global batch of --batch
 FashionMNIST training images; rank k keeps its shard of m_k images, computes the gradient of

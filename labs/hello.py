@@ -1,9 +1,9 @@
 """Hello, distributed world: every rank says who it is, then all ranks agree on one number.
 
-    python solutions/labs/hello.py                                     # one process, no launcher
-    torchrun --standalone --nproc-per-node 2 solutions/labs/hello.py   # two processes here
-    srun --ntasks 2 python solutions/labs/hello.py                     # inside a Slurm allocation
-    mpirun -np 2 python solutions/labs/hello.py                        # two Open MPI ranks
+    python labs/hello.py                                     # one process, no launcher
+    torchrun --standalone --nproc-per-node 2 labs/hello.py   # two processes here
+    srun --ntasks 2 python labs/hello.py                     # inside a Slurm allocation
+    mpirun -np 2 python labs/hello.py                        # two Open MPI ranks
 
 (Activate the course's environment first: source .venv/bin/activate.)
 """

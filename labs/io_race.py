@@ -1,8 +1,8 @@
 """Every rank fetches the same data file at once, and how "rank 0 first" fixes it.
 
-    torchrun --standalone --nproc-per-node 3 solutions/labs/io_race.py --dest /tmp/race --mode naive --arrive 0,0,0.15
-    torchrun --standalone --nproc-per-node 3 solutions/labs/io_race.py --dest /tmp/fixed --mode rank0
-    srun --ntasks 3 python solutions/labs/io_race.py --dest /shared/scratch/race --mode rank0
+    torchrun --standalone --nproc-per-node 3 labs/io_race.py --dest /tmp/race --mode naive --arrive 0,0,0.15
+    torchrun --standalone --nproc-per-node 3 labs/io_race.py --dest /tmp/fixed --mode rank0
+    srun --ntasks 3 python labs/io_race.py --dest /shared/scratch/race --mode rank0
 
 (Activate the course's environment first: source .venv/bin/activate.)
 

@@ -1,6 +1,6 @@
 """Which collectives does this backend run here, on the CPU and on the GPU? Try each and see.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/probe_collectives.py --backend gloo
+    torchrun --standalone --nproc-per-node 2 labs/probe_collectives.py --backend gloo
 
 Rank 0 prints one line per (device, collective) and writes them to --log-json.
 """

@@ -1,8 +1,8 @@
 """The ring all-reduce, written out: reduce-scatter, then all-gather, over send/recv only.
 
-    torchrun --standalone --nproc-per-node 3 solutions/labs/ring_allreduce.py --check  # right?
-    torchrun --standalone --nproc-per-node 3 solutions/labs/ring_allreduce.py --show   # watch it
-    python solutions/labs/ring_allreduce.py --check                                     # one process
+    torchrun --standalone --nproc-per-node 3 labs/ring_allreduce.py --check  # right?
+    torchrun --standalone --nproc-per-node 3 labs/ring_allreduce.py --show   # watch it
+    python labs/ring_allreduce.py --check                                     # one process
 
 Every rank cuts its vector into P chunks (their sizes differ by at most one element).
 

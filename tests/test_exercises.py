@@ -154,13 +154,13 @@ WRONG.update({
         "the evaluation's all_reduce forgotten": Lab("fashion_ddp.py", "sum the three totals", "pass"),
     },
     ("06_data_sharding.ipynb", "exercise 3"): {
-        "the DataLoader shuffles on its own": Lab("fashion_ddp.py", "a DataLoader over the torchvision", """
+        "the DataLoader shuffles on its own": Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
                                 shuffle=True, num_workers=args.workers, drop_last=True)"""),
-        "no sampler, no shuffle": Lab("fashion_ddp.py", "a DataLoader over the torchvision", """
+        "no sampler, no shuffle": Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
                                 num_workers=args.workers, drop_last=True)"""),
-        "the global batch per worker": Lab("fashion_ddp.py", "a DataLoader over the torchvision", """
+        "the global batch per worker": Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=global_batch,
                                 sampler=sampler, num_workers=args.workers, drop_last=True)"""),
     },

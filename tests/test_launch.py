@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 from dpcourse import CourseError
-from dpcourse.launch import lab, run_ok, torchrun
+from dpcourse.launch import _cause, lab, run_ok, torchrun
 
 
 def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch):
@@ -28,8 +28,18 @@ def test_failure_is_summarised_not_a_traceback(capsys):
     shown = capsys.readouterr().out
     assert "[rank1]:rank 1 gives up" in shown
     assert "rank 1 failed first" in shown and "ChildFailedError" not in shown
-    with pytest.raises(CourseError, match="status"):
+    with pytest.raises(CourseError, match=r"fail.py failed \(exit status 1\): \[rank1\]:rank 1 gives up"):
         run_ok(run)
+
+
+def test_a_silent_failed_run_shows_its_last_lines_and_names_the_error(capsys):
+    run = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False, echo=False)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(CourseError, match="rank 1 gives up"):
+        run_ok(run)
+    assert "[rank1]:rank 1 gives up" in capsys.readouterr().out
+    assert _cause(["[rank0]:step 1", "[rank1]:Traceback (most recent call last):",
+                   "[rank1]:TypeError: unsupported operand", "[rank1]:  more"]) == "[rank1]:TypeError: unsupported operand"
 
 
 def test_timeout_stops_every_rank(tmp_path):

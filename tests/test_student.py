@@ -101,6 +101,8 @@ def test_py_lab_markers_become_stubs_keeping_indentation():
     assert "        p -= lr * p.grad\n" not in out
     compile(out, "lab.py", "exec")  # still valid Python
     assert student_script("print('no exercise')\n") == "print('no exercise')\n"
+    usage = '"""torchrun --standalone --nproc-per-node 2 solutions/labs/x.py"""\n'
+    assert student_script(usage) == '"""torchrun --standalone --nproc-per-node 2 labs/x.py"""\n'  # their own copy
 
 
 def test_stub_puts_the_hint_on_wrapped_comment_lines_keeping_indentation():

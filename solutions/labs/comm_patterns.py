@@ -126,7 +126,7 @@ def async_demo(args, env, log):
     repeats = calibrate(x, a, env.device)
     say(f"{args.mib} MiB float32 per message on {world_size} ranks; compute = {repeats} × tanh(A @ A), "
         f"A {args.matrix}×{args.matrix}, about as long as one all_reduce; median of {args.repeats} runs")
-    say(f"{'':20} {'total ms':>9}   rank 0's timeline")
+    say(f"{'':20} {'total ms':>9}   (total: the slowest rank's; then rank 0's timeline, ms)")
     for mode in ("blocking all_reduce", "async all_reduce", "blocking send/recv", "isend/irecv"):
         runs = []
         for _ in range(args.repeats):

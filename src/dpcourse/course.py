@@ -143,8 +143,9 @@ def student_notebook(nb):
 
 
 def student_script(text: str) -> str:
-    """The learner's copy of a ``.py`` lab, with the same markers and stubs as notebooks."""
-    cell = nbformat.v4.new_code_cell(text)
+    """The learner's copy of a ``.py`` lab, with the same markers and stubs as notebooks; its
+    usage lines name the learner's own labs/, so a copied command runs their copy."""
+    cell = nbformat.v4.new_code_cell(text.replace("solutions/labs/", "labs/"))
     if BEGIN in text:
         _clear_solutions(cell)
     return cell.source

@@ -39,6 +39,7 @@ class Run:
     log: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     agent_lines: list[str] = field(default_factory=list)  # torchrun's own output, untagged
+    echoed: bool = True  # whether the ranks' lines were shown as they came
 
     def rank_lines(self, rank: int) -> list[str]:
         """The lines rank ``rank`` printed, without their tag."""
@@ -132,7 +133,7 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
         shutil.rmtree(tmpdir, ignore_errors=True)  # torchrun's per-rank log files and ours
     if proc.returncode != 0 and echo:
         print(failure_summary(agent, proc.returncode), flush=True)
-    return Run(cmd, proc.returncode, lines, log, time.perf_counter() - start, agent)
+    return Run(cmd, proc.returncode, lines, log, time.perf_counter() - start, agent, echo)
 
 
 def failure_summary(agent_lines: list[str], returncode: int) -> str:
@@ -163,13 +164,26 @@ def run_ok(run: Run) -> Run:
     ``make check`` reports the check as "not done yet" rather than failed.
     """
     if run.returncode != 0:
+        if not run.echoed:  # a silent run: show how it ended
+            print("\n".join(run.lines[-12:]), flush=True)
+        script = next((c for c in run.command if c.endswith(".py")), "the lab")
         if any(STUB in line for line in run.lines + run.agent_lines):
-            script = next((c for c in run.command if c.endswith(".py")), "the lab")
-            raise NotImplementedError(f"Exercise: {_relative(script)} still has an exercise to do "
-                                      "(its NotImplementedError is above). Complete it, save the "
-                                      "file and run this cell again.")
-        raise CourseError(f"torchrun exited with status {run.returncode}; the lines above say why.")
+            at = [m.group(1) for line in run.lines
+                  if (m := re.search(rf'File ".*{re.escape(Path(script).name)}", line (\d+)', line))]
+            raise NotImplementedError(f"Exercise: {_relative(script)} still has an exercise to do"
+                                      + (f" (line {at[-1]})" if at else "") + ". Complete it, save "
+                                      "the file and run this cell again.")
+        cause = _cause(run.lines)
+        raise CourseError(f"{_relative(script)} failed (exit status {run.returncode})"
+                          + (f": {cause}" if cause else "; the lines above say why."))
     return run
+
+
+def _cause(lines: list[str]) -> str:
+    """The last error a rank printed ('[rank1]: TypeError: ...'), else its last line: for a one-line verdict."""
+    said = [line for line in lines if line.split(":", 1)[-1].strip()]
+    errors = [line for line in said if re.match(r"\[rank\d+\]:\s*[\w.]*(Error|Exception|Exit)\w*: ", line)]
+    return (errors or said or [""])[-1].strip()
 
 
 def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
