@@ -32,6 +32,15 @@ def test_failure_is_summarised_not_a_traceback(capsys):
         run_ok(run)
 
 
+def test_a_failing_rank_that_was_not_shown_still_speaks(capsys):
+    run = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False, ranks="0")
+    shown = capsys.readouterr().out
+    assert "[rank1]:rank 1 gives up" in shown and "rank 1 failed first" in shown
+    assert shown.index("[rank1]:rank 1 gives up") < shown.index("rank 1 failed first")
+    with pytest.raises(CourseError, match="rank 1 gives up"):
+        run_ok(run)
+
+
 def test_a_silent_failed_run_shows_its_last_lines_and_names_the_error(capsys):
     run = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False, echo=False)
     assert capsys.readouterr().out == ""

@@ -88,8 +88,6 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}",
            "--log-line-prefix-template=[rank${rank}]:"]
-    if ranks is not None:
-        cmd.append(f"--local-ranks-filter={ranks}")
     cmd += [str(script), *map(str, args)]
     if log_json:
         cmd += ["--log-json", str(log_path)]
@@ -106,12 +104,15 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     lines: list[str] = []
     agent: list[str] = []  # torchrun's own lines: warnings and, on failure, its traceback
 
+    # ranks="0": show rank 0's lines, but keep every rank's, so that a failure can be named
+    shown_tags = None if ranks is None else tuple(f"[rank{r.strip()}]:" for r in str(ranks).split(","))
+
     def pump():
         for line in proc.stdout:
             line = line.rstrip("\n")
             if line.startswith("[rank"):
                 lines.append(line)
-                if echo:
+                if echo and (shown_tags is None or line.startswith(shown_tags)):
                     print(line, flush=True)
             else:
                 agent.append(line)
@@ -132,6 +133,9 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
         log = read_log(log_path) if log_path.exists() else []
         shutil.rmtree(tmpdir, ignore_errors=True)  # torchrun's per-rank log files and ours
     if proc.returncode != 0 and echo:
+        hidden = [line for line in lines if shown_tags is not None and not line.startswith(shown_tags)]
+        if hidden:  # the failing rank may be one we did not show: its last lines
+            print("\n".join(hidden[-6:]), flush=True)
         print(failure_summary(agent, proc.returncode), flush=True)
     return Run(cmd, proc.returncode, lines, log, time.perf_counter() - start, agent, echo)
 
