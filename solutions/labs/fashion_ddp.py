@@ -17,20 +17,25 @@ import argparse
 import math
 import os
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.model_averaging import averagers
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
 from dpcourse import dist as ddp_env
 from dpcourse.data import InMemoryFashionMNIST, torchvision_fashion_mnist
-from dpcourse.metrics import JsonLog
+from dpcourse.metrics import JsonLog, StepTimer
 from dpcourse.models import FashionCNN
+from dpcourse.optim import LARS
 
 REFERENCE_BATCH = 128  # --lr is the learning rate for this global batch (see --lr-scaling)
 
@@ -61,14 +66,24 @@ def batch_sizes(args, env):
     return args.global_batch_size // env.world_size, args.global_batch_size
 
 
-def make_optimizer(args, model, global_batch, steps_per_epoch):
+def scaled_lr(args, batch, world_size):
+    """The learning rate for this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
+    if args.lr_scaling == "none":
+        return args.lr
+    ### BEGIN SOLUTION (hint: "linear" (Goyal et al.) multiplies args.lr by how many times larger than REFERENCE_BATCH the batch is that one optimizer step averages over; "sqrt" by the square root of that. batch is one worker's.)
+    ratio = batch * world_size / REFERENCE_BATCH  # DDP: the step averages ALL workers' gradients
+    return args.lr * (ratio if args.lr_scaling == "linear" else math.sqrt(ratio))
+    ### END SOLUTION
+
+
+def make_optimizer(args, model, batch, world_size, steps_per_epoch):
     """The optimiser and a warm-up-then-linear-decay schedule (one cycle over all epochs)."""
-    scale = {"none": 1.0, "linear": global_batch / REFERENCE_BATCH,
-             "sqrt": math.sqrt(global_batch / REFERENCE_BATCH)}[args.lr_scaling]
-    lr = args.lr * scale
+    lr = scaled_lr(args, batch, world_size)
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
                               weight_decay=args.weight_decay)
+    elif args.optimizer == "lars":  # a rate per layer, for very large batches (dpcourse/optim.py)
+        opt = LARS(model.parameters(), lr=lr, momentum=0.9, weight_decay=args.weight_decay, eta=args.lars_eta)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
     total = max(1, args.epochs * steps_per_epoch)
@@ -153,6 +168,9 @@ def main(args):
         ddp_env.stop(env, "--target-accuracy needs evaluations: leave out --no-eval.")
     if args.no_ddp and world_size > 1:
         ddp_env.stop(env, "--no-ddp trains without DistributedDataParallel: launch one process.")
+    if batch % args.accumulate:
+        ddp_env.stop(env, f"--accumulate {args.accumulate} does not split the per-worker batch {batch} "
+                     f"into equal micro-batches: use a batch that is a multiple of {args.accumulate}.")
     # --deterministic: the same kernels every run, and float64, because in float32 a rounding
     # difference of 1e-7 can flip a ReLU or a max-pool choice, and such flips grow step by step.
     dtype = torch.float64 if args.deterministic else torch.float32
@@ -181,7 +199,7 @@ def main(args):
 
     model = FashionCNN(width=args.width, norm=args.norm).to(device, dtype, memory_format=torch.channels_last)
     config = model.config
-    opt, sched, lr = make_optimizer(args, model, global_batch, steps_per_epoch)
+    opt, sched, lr = make_optimizer(args, model, batch, world_size, steps_per_epoch)
     progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0, "global_batch": global_batch}
     resume = args.resume
     if resume == "auto":  # e.g. a torchrun --max-restarts restart: go on from the last checkpoint
@@ -198,15 +216,25 @@ def main(args):
                       flush=True)
             cleanup()
             return
+    timer = StepTimer(device, enabled=args.time_split)  # where the time goes (notebook 07); off: no-ops
+    averager = None
     if not args.no_ddp:
-        ### BEGIN SOLUTION (hint: wrap model in DDP; on a GPU, give it this rank's device)
-        model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: averaged gradients
+        ddp_options = dict(bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.grad_as_bucket_view)
+        ### BEGIN SOLUTION (hint: wrap model in DDP with **ddp_options; on a GPU, give it this rank's device)
+        model = DDP(model, device_ids=[device] if device.type == "cuda" else None,  # DDP: averaged gradients
+                    **ddp_options)
         ### END SOLUTION
+        state, hook = comm_hook(args)
+        if hook or args.time_split:  # DDP: what DDP does with each bucket of gradients (notebook 08)
+            model.register_comm_hook(state, timer.timed(hook or default_hooks.allreduce_hook))
+        if args.local_sgd:  # DDP: post-local SGD: after warm-up, average the weights every N steps
+            averager = averagers.PeriodicModelAverager(period=args.local_sgd, warmup_steps=args.local_sgd_warmup)
+            averager.step = progress["step"]
     model.config = config
 
     log = JsonLog(args.log_json if rank == 0 else None, append=bool(resume),  # DDP: rank 0 logs
                   elapsed_before=progress["elapsed_s"], world_size=world_size, global_batch=global_batch,
-                  lr=lr, loader=args.loader, ddp=not args.no_ddp)
+                  peak_lr=lr, loader=args.loader, ddp=not args.no_ddp, threads=torch.get_num_threads())
     if resume:  # a restart shows in the log: training went on from this step
         log.write("resume", epoch=round(progress["step"] / steps_per_epoch, 4), step=progress["step"], checkpoint=str(resume))
     if rank == 0:  # DDP: one rank talks
@@ -214,6 +242,7 @@ def main(args):
               f"per epoch, {env.backend} on {device}" + (f", resumed at step {progress['step']}" if resume else ""),
               flush=True)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
+    profiler = trace_profiler(args.profile_trace if rank == 0 else None)  # a Chrome trace of a few steps
     step, epoch = progress["step"], progress["epoch"]
     last_eval = {"test_accuracy": None, "test_loss": None}
     seen, train_s, loss_sum, loss_n = 0, 0.0, torch.zeros((), device=device), 0
@@ -230,13 +259,16 @@ def main(args):
         tested = last_eval if event in ("eval", "epoch", "done") else {}  # fresh test figures only
         rec = log.write(event, epoch=round(step / steps_per_epoch, 4), step=step,
                         train_loss=round(mean_loss, 5) if loss_n else None,
-                        samples_per_s=round(seen / train_s, 1) if train_s else None, **tested, **fields)
+                        samples_per_s=round(seen / train_s, 1) if train_s else None,
+                        lr=round(sched.get_last_lr()[0], 7), **timer.report(), **tested, **fields)
         seen, train_s, loss_sum, loss_n = 0, 0.0, torch.zeros((), device=device), 0
         return rec
 
     def evaluate_now():
         if args.no_eval:
             return None
+        if averager:  # DDP: local SGD let the replicas drift apart: test their average
+            average_parameters(model.parameters(), dist.group.WORLD)
         loss, acc, count = evaluate(model, test_set, env, dtype)
         last_eval.update(test_loss=round(loss, 5), test_accuracy=round(acc, 5))
         return count
@@ -247,25 +279,41 @@ def main(args):
         sampler.set_epoch(epoch)  # DDP: a new order each epoch, the same on every rank
         ### END SOLUTION
         batches = train_batches(args, train_set if args.loader == "memory" else loader, sampler, batch, device)
+        start = time.perf_counter()  # a step's time includes waiting for its batch
+        timer.start()
         for i, (x, y) in enumerate(batches):
             if i < progress["step_in_epoch"]:  # resumed mid-epoch: these batches were done
+                start = time.perf_counter()
                 continue
-            start = time.perf_counter()
             x = x.to(device, dtype, non_blocking=True).contiguous(memory_format=torch.channels_last)
             y = y.to(device, non_blocking=True)
+            timer.lap("data")
             if i == 0 and rank == 0:
                 log.write("epoch_start", epoch=epoch, step=step, first_labels=y[:8].tolist())  # epoch = step / steps per epoch
-            with amp:
-                loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()  # DDP: gradients are averaged across ranks while backward runs
+            local = averager is not None and step >= args.local_sgd_warmup  # post-local SGD phase
+            for j, (xm, ym) in enumerate(zip(x.chunk(args.accumulate), y.chunk(args.accumulate))):
+                sync = j == args.accumulate - 1 and not local  # DDP: all-reduce on the last micro-batch only
+                with nullcontext() if sync or args.no_ddp else model.no_sync():  # DDP: no_sync = no all-reduce
+                    with amp:
+                        loss = F.cross_entropy(model(xm), ym) / args.accumulate  # the mean over the whole batch
+                    timer.lap("forward")
+                    loss.backward()  # DDP: gradients are averaged across ranks while backward runs
+                timer.lap("backward")
             opt.step()
             sched.step()
+            timer.lap("optimizer")
+            if averager:
+                averager.average_parameters(model.parameters())  # DDP: every --local-sgd steps
+                timer.lap("allreduce")
+            timer.stop()
+            if profiler:
+                profiler.step()
             step += 1
             bar.update()
             train_s += time.perf_counter() - start
             seen += global_batch
-            loss_sum += loss.detach().float()
+            loss_sum += loss.detach().float() * args.accumulate
             loss_n += 1
             progress.update(epoch=epoch, step=step, step_in_epoch=i + 1)
             if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
@@ -284,6 +332,8 @@ def main(args):
                 stop_reason = out_of_budget(args, step, log.elapsed(), device)
             if stop_reason:
                 break
+            start = time.perf_counter()
+            timer.start()
         else:  # the epoch ran to its end
             epoch += 1
             progress.update(epoch=epoch, step_in_epoch=0)
@@ -299,6 +349,8 @@ def main(args):
                 if rank == 0:  # DDP: one writer
                     save_checkpoint(Path(args.checkpoint_dir) / "last.pt", unwrap(model), opt, sched, progress, args, env)
     bar.close()
+    if profiler:
+        profiler.stop()
 
     if not args.no_eval and (last_eval["test_accuracy"] is None or progress["step_in_epoch"]):
         test_images = evaluate_now()  # stopped mid-epoch: evaluate what we have
@@ -324,6 +376,26 @@ def tested(record):
 def unwrap(model):
     """The plain module inside a DDP wrapper (what a checkpoint stores)."""
     return model.module if isinstance(model, DDP) else model
+
+
+def comm_hook(args):
+    """(state, hook) for --comm-hook: how DDP sends each bucket of gradients; (None, None): built in."""
+    if args.comm_hook == "powersgd":  # low-rank gradients; plain all-reduce for the first steps
+        return powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                           start_powerSGD_iter=args.powersgd_start), powerSGD_hook.powerSGD_hook
+    return None, {"none": None, "allreduce": default_hooks.allreduce_hook,
+                  "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[args.comm_hook]
+
+
+def trace_profiler(path, wait=5, active=3):
+    """torch.profiler over ``active`` steps after ``wait``, saved as a Chrome trace at ``path``
+    (open it at https://ui.perfetto.dev or chrome://tracing); None without a path."""
+    if not path:
+        return None
+    prof = torch.profiler.profile(schedule=torch.profiler.schedule(wait=wait, warmup=1, active=active, repeat=1),
+                                  on_trace_ready=lambda p: p.export_chrome_trace(path))
+    prof.start()
+    return prof
 
 
 def out_of_budget(args, step, elapsed, device):
@@ -362,7 +434,7 @@ def parse_args(argv=None):
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
                    help=f"scale --lr by (global batch / {REFERENCE_BATCH}) or its square root")
     p.add_argument("--warmup-epochs", type=float, default=0.75, help="linear warm-up, then linear decay to 0")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lars"])
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--width", type=int, default=16, help="channels of the first conv layer")
     p.add_argument("--norm", default="group", choices=["group", "batch", "none"])
@@ -385,6 +457,22 @@ def parse_args(argv=None):
     p.add_argument("--loader", default="memory", choices=["memory", "torchvision"])
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (--loader torchvision)")
     p.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait for a peer")
+    # notebooks 07-08: where the time goes, and how to send less
+    p.add_argument("--time-split", action="store_true",
+                   help="log each step's time split (data, forward, backward, all-reduce, optimizer) and bytes sent")
+    p.add_argument("--profile-trace", default=None, help="rank 0 writes a Chrome trace of steps 6-8 here")
+    p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient bucket size")
+    p.add_argument("--grad-as-bucket-view", action="store_true", help="gradients are views into DDP's buckets (no copy)")
+    p.add_argument("--comm-hook", default="none", choices=["none", "allreduce", "fp16", "bf16", "powersgd"],
+                   help="how DDP sends gradients: built in (none), or a torch.distributed hook")
+    p.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's matrix approximation rank")
+    p.add_argument("--powersgd-start", type=int, default=10, help="PowerSGD: plain all-reduce for this many steps")
+    p.add_argument("--accumulate", type=int, default=1,
+                   help="split each worker's batch into N micro-batches; all-reduce once per step (no_sync)")
+    p.add_argument("--local-sgd", type=int, default=None, metavar="N",
+                   help="post-local SGD: after --local-sgd-warmup steps, no all-reduce; average the weights every N steps")
+    p.add_argument("--local-sgd-warmup", type=int, default=50, help="steps of plain DDP before local SGD")
+    p.add_argument("--lars-eta", type=float, default=0.001, help="LARS trust coefficient (--optimizer lars)")
     return p.parse_args(argv)
 
 

@@ -3,6 +3,8 @@
 One object per line; at least ``event``, ``epoch``, ``step``, ``world_size``, ``global_batch``,
 ``train_loss``, ``test_accuracy``, ``samples_per_s``, ``elapsed_s`` for training events
 (DESIGN.md §4). Plots read these files, never numbers typed into a cell.
+
+``StepTimer`` adds where the time of a step goes, and the bytes it sends (``--time-split``).
 """
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import json
 import os
 import time
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
 
 
 class JsonLog:
@@ -44,3 +49,105 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     """All records of a JSON-lines log."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class StepTimer:
+    """Where a training step's time goes, and how many bytes it hands to collectives.
+
+    The lab closes each phase with ``lap(name)`` (data, forward, backward, optimizer, ...) between
+    ``start()`` and ``stop()``; ``report()`` gives the mean milliseconds per step of every phase
+    since the last report. The all-reduce is timed by wrapping DDP's communication hook with
+    ``timed(hook)``: DDP calls the hook as soon as a bucket of gradients is ready, and backward()
+    returns only when every bucket's all-reduce is done. So what backward spends after the *last*
+    bucket became ready is all-reduce that no computation hid ("allreduce", exposed); the rest of
+    backward is computation. ``comm_ms`` is the sum, over buckets, of launch → done: the whole
+    all-reduce time, hidden or not.
+
+    Bytes: while a step is open, calls of ``torch.distributed`` collectives made from Python (DDP
+    hooks, PowerSGD, model averaging) are counted: the payload in bytes this rank hands over,
+    in groups of more than one rank. DDP's built-in all-reduce runs in C++ and is not seen: time a
+    run with a registered hook (``default_hooks.allreduce_hook`` does what the built-in does).
+
+    Disabled (``enabled=False``), every method returns at once: the lab keeps its lines either way.
+    On a GPU, each lap synchronises the device so that the times are true, which costs a little.
+    """
+
+    COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+    def __init__(self, device, enabled: bool = True):
+        self.enabled = enabled
+        self.sync = torch.cuda.synchronize if getattr(device, "type", device) == "cuda" else (lambda: None)
+        self._reset()
+        self.open = False
+        if enabled:
+            for name in self.COUNTED:
+                setattr(dist, name, self._counting(getattr(dist, name)))
+
+    def _reset(self):
+        self.ms, self.steps, self.comm_s, self.bytes, self.buckets = {}, 0, 0.0, 0, 0
+
+    def _counting(self, collective):
+        def counted(*args, **kwargs):
+            if self.open:
+                tensor = args[1] if collective.__name__ in ("all_gather", "all_gather_into_tensor",
+                                                            "reduce_scatter_tensor") else args[0]
+                group = kwargs.get("group")
+                if dist.get_world_size(group) > 1:
+                    self.bytes += tensor.numel() * tensor.element_size()
+            return collective(*args, **kwargs)
+        counted.__name__ = collective.__name__
+        return counted
+
+    def start(self):
+        if self.enabled:
+            self.sync()
+            self.t = time.perf_counter()
+            self.last_ready = None
+            self.open = True
+
+    def lap(self, phase: str):
+        """Close ``phase``: the time since the previous lap (or start) is added to it."""
+        if not self.enabled:
+            return
+        self.sync()
+        now = time.perf_counter()
+        if phase == "backward" and self.last_ready is not None:  # split off the exposed all-reduce
+            self._add("backward", self.last_ready - self.t)
+            self._add("allreduce", now - self.last_ready)
+        else:
+            self._add(phase, now - self.t)
+        self.t, self.last_ready = now, None
+
+    def _add(self, phase, seconds):
+        self.ms[phase] = self.ms.get(phase, 0.0) + 1000 * seconds
+
+    def stop(self):
+        if self.enabled:
+            self.steps += 1
+            self.open = False
+
+    def timed(self, hook):
+        """A DDP communication hook that does what ``hook`` does, and times it."""
+        if not self.enabled:
+            return hook
+        def timed_hook(state, bucket):
+            self.sync()
+            self.buckets += 1
+            self.last_ready = launched = time.perf_counter()
+            def done(fut):
+                self.comm_s += time.perf_counter() - launched
+                return fut.value()
+            return hook(state, bucket).then(done)
+        return timed_hook
+
+    def report(self) -> dict:
+        """Mean per step since the last report: ``split_ms`` by phase, ``comm_ms``, ``comm_bytes``,
+        and ``buckets`` (all-reduces DDP launched per step)."""
+        if not self.enabled or not self.steps:
+            return {}
+        n = self.steps
+        out = {"split_ms": {k: round(v / n, 3) for k, v in self.ms.items()},
+               "comm_ms": round(1000 * self.comm_s / n, 3), "comm_bytes": round(self.bytes / n),
+               "buckets": round(self.buckets / n, 2)}
+        self._reset()
+        return out

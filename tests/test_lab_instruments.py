@@ -1,0 +1,91 @@
+"""The FashionMNIST lab's measuring and communication-saving options (notebooks 07 and 08), through
+real torchrun runs: the time split and the bytes it counts, buckets, the Chrome trace, compression
+hooks, PowerSGD, gradient accumulation with no_sync, post-local SGD, LR scaling; and LARS itself."""
+import json
+import math
+
+import pytest
+import torch
+
+from dpcourse.models import FashionCNN
+from dpcourse.optim import LARS
+from test_fashion_ddp import lab
+
+pytestmark = pytest.mark.slow
+PARAM_BYTES = 4 * sum(p.numel() for p in FashionCNN().parameters())  # float32 gradients, one per weight
+PHASES = {"data", "forward", "backward", "allreduce", "optimizer"}
+
+
+def timed(records):
+    return [r for r in records if "split_ms" in r]
+
+
+def test_time_split_bytes_buckets_trace_and_lr_scaling(tmp_path, fashion_root):
+    trace = tmp_path / "trace.json"
+    result, log = lab(2, "--batch-size", "96", "--lr-scaling", "linear", "--max-steps", "12", "--no-eval",
+                      "--log-every", "6", "--time-split", "--bucket-cap-mb", "0.02", "--profile-trace", trace)
+    assert result.returncode == 0, result.stdout
+    assert log[0]["peak_lr"] == pytest.approx(0.15 * 2 * 96 / 128)  # linear in the GLOBAL batch
+    records = timed(log)
+    assert [r["step"] for r in records] == [6, 12]
+    for r in records:
+        assert set(r["split_ms"]) == PHASES and all(v >= 0 for v in r["split_ms"].values())
+        step_ms = 1000 * r["global_batch"] / r["samples_per_s"]  # the step time the lab measured
+        assert sum(r["split_ms"].values()) == pytest.approx(step_ms, rel=0.1)
+        assert r["comm_bytes"] == PARAM_BYTES  # every gradient, once per step
+        assert r["buckets"] > 1  # a 20 KB cap splits the 82 KB of gradients
+        assert r["comm_ms"] > 0
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"ProfilerStep#6", "ProfilerStep#8", "gloo:all_reduce"} <= names
+
+
+def test_one_bucket_by_default_and_fp16_halves_the_bytes(fashion_root):
+    result, log = lab(2, "--max-steps", "6", "--no-eval", "--log-every", "3", "--time-split", "--comm-hook", "fp16")
+    assert result.returncode == 0, result.stdout
+    assert [(r["comm_bytes"], r["buckets"]) for r in timed(log)] == [(PARAM_BYTES // 2, 1)] * 2
+
+
+def test_powersgd_sends_a_fraction_after_its_start(fashion_root):
+    result, log = lab(2, "--max-steps", "8", "--no-eval", "--log-every", "4", "--time-split",
+                      "--comm-hook", "powersgd", "--powersgd-start", "4")
+    assert result.returncode == 0, result.stdout
+    plain, compressed = [r["comm_bytes"] for r in timed(log)]
+    assert plain == PARAM_BYTES  # the first steps: plain all-reduce
+    assert compressed < PARAM_BYTES / 4  # rank-1 factors of the weight matrices, small tensors as they are
+
+
+def test_accumulation_with_no_sync_gives_the_same_weights(tmp_path, fashion_root):
+    common = ["--batch-size", "64", "--deterministic", "--max-steps", "5", "--no-eval"]
+    runs = {a: lab(2, *common, "--accumulate", a, "--save-model", tmp_path / f"a{a}.pt")[0] for a in ("1", "4")}
+    assert all(r.returncode == 0 for r in runs.values()), [r.stdout for r in runs.values()]
+    a, b = torch.load(tmp_path / "a1.pt"), torch.load(tmp_path / "a4.pt")
+    rel = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
+    assert rel <= 1e-10, f"4 micro-batches and one all-reduce should equal one batch: {rel:.1e}"
+    bad, _ = lab(2, "--batch-size", "64", "--accumulate", "5", "--max-steps", "1")
+    assert bad.returncode != 0 and "--accumulate 5 does not split the per-worker batch 64" in bad.stdout
+
+
+@pytest.mark.parametrize("steps, synced", [("19", True), ("20", False)])
+def test_post_local_sgd_averages_every_n_steps(steps, synced, fashion_root):
+    result, log = lab(2, "--max-steps", steps, "--no-eval", "--log-every", "10", "--time-split",
+                      "--local-sgd", "4", "--local-sgd-warmup", "10")
+    assert result.returncode == 0, result.stdout
+    records = timed(log)
+    assert records[0]["comm_bytes"] == PARAM_BYTES  # steps 1-10: DDP's all-reduce every step
+    averaged = 3  # after steps 11, 15 and 19 (the averager counts from 0: its steps 10, 14, 18)
+    later = len(range(10, int(steps)))
+    assert records[1]["comm_bytes"] == round(averaged * PARAM_BYTES / later)
+    spread = log[-1]["replicas_max_diff"]
+    assert (spread == 0.0) if synced else (spread > 0.0), spread  # the last step averaged, or not
+
+
+def test_lars_scales_each_weight_matrix_by_its_trust_ratio():
+    torch.manual_seed(0)
+    w, b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(4))
+    w.grad, b.grad = torch.randn(4, 3), torch.randn(4)
+    w0, b0 = w.detach().clone(), b.detach().clone()
+    LARS([w, b], lr=0.5, momentum=0.9, weight_decay=0.01, eta=0.02).step()
+    trust = 0.02 * w0.norm() / (w.grad.norm() + 0.01 * w0.norm())
+    assert torch.allclose(w, w0 - 0.5 * trust * (w.grad + 0.01 * w0))
+    assert torch.allclose(b, b0 - 0.5 * b.grad)  # biases: plain SGD, no decay
+    assert not math.isclose(trust.item(), 1.0)
