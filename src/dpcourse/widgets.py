@@ -76,3 +76,92 @@ def lr_batch_explorer(X: torch.Tensor, y: torch.Tensor, samples: int = 30_000):
     box = w.VBox([w.HBox([lr, bs]), out])
     display(box)
     return box
+
+
+# ---------------------------------------------------------------- notebook 08: learning-rate rules
+REFERENCE_BATCH = 128  # fashion_ddp.py: --lr is the learning rate tuned for this global batch
+TRAIN_IMAGES = 60_000  # FashionMNIST's training set
+LR_RULES = ("none", "linear", "sqrt")
+
+
+def peak_lr(rule: str, base_lr: float, global_batch: int, reference_batch: int = REFERENCE_BATCH) -> float:
+    """``base_lr`` (tuned for ``reference_batch``) scaled for ``global_batch``: unchanged (none),
+    times G / reference (linear, Goyal et al. 2017), or times its square root (sqrt)."""
+    if rule not in LR_RULES:
+        raise ValueError(f"rule must be one of {LR_RULES}, not {rule!r}")
+    ratio = global_batch / reference_batch
+    return base_lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[rule]
+
+
+def lr_schedule(rule: str, base_lr: float, batch: int, world_size: int, warmup_epochs: float,
+                epochs: int, steps_per_epoch: int | None = None) -> list[float]:
+    """The learning rate of every step of ``fashion_ddp.py``'s schedule.
+
+    ``batch`` is one worker's, so the global batch is ``batch × world_size``. The peak is
+    ``peak_lr(rule, ...)``; the rate climbs linearly to it over ``warmup_epochs`` (gradual
+    warm-up), then falls linearly to 0 at the end of ``epochs``. ``lrs[s]`` is the rate of step
+    ``s`` (counted from 0), which is what the lab logs as ``lr`` in a record with ``"step": s``;
+    there are ``epochs × steps_per_epoch + 1`` values, the last one 0. ``steps_per_epoch``
+    defaults to the lab's: 60,000 images shared by the workers, the tail dropped.
+    """
+    if steps_per_epoch is None:
+        steps_per_epoch = TRAIN_IMAGES // world_size // batch
+    if steps_per_epoch < 1:
+        raise ValueError(f"a global batch of {batch * world_size:,} is more than the {TRAIN_IMAGES:,} "
+                         "training images: not one step per epoch")
+    peak = peak_lr(rule, base_lr, batch * world_size)
+    total = max(1, epochs * steps_per_epoch)
+    warmup = max(1, round(warmup_epochs * steps_per_epoch))
+
+    def factor(step):  # the lab's LambdaLR
+        return (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
+
+    return [peak * factor(step) for step in range(total + 1)]
+
+
+def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: float = 0.75):
+    """Sliders for the per-worker batch, the workers and the warm-up; two panels: the learning
+    rate of every step under each rule (as ``fashion_ddp.py`` runs it), and the peak rate of
+    each rule against the global batch."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    batch = w.SelectionSlider(options=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096), value=512,
+                              description="batch/worker", continuous_update=False)
+    workers = w.SelectionSlider(options=(1, 2, 4, 8, 16, 32, 64), value=2, description="workers",
+                                continuous_update=False)
+    warmup = w.FloatSlider(value=warmup_epochs, min=0.0, max=epochs - 0.25, step=0.25,
+                           description="warm-up (ep.)", continuous_update=False)
+    out = w.Output()
+
+    def draw(*_):
+        G = batch.value * workers.value
+        spe = max(1, TRAIN_IMAGES // G)  # beyond 60,000 images per step: one step per epoch
+        with out:
+            out.clear_output(wait=True)
+            fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
+            for i, rule in enumerate(LR_RULES):
+                lrs = lr_schedule(rule, base_lr, batch.value, workers.value, warmup.value, epochs, spe)
+                left.plot([s / spe for s in range(len(lrs))], lrs, color=f"C{i}", label=f"{rule}: peak {max(lrs):.3g}")
+            left.set(xlabel="epoch", ylabel="learning rate", yscale="log",
+                     title=f"{workers.value} × {batch.value} = global batch {G:,}: {spe:,} steps per epoch")
+            left.legend(fontsize=8)
+            gs = [2 ** k for k in range(4, 19)]
+            for i, rule in enumerate(LR_RULES):
+                right.plot(gs, [peak_lr(rule, base_lr, g) for g in gs], color=f"C{i}", label=rule)
+                right.plot(G, peak_lr(rule, base_lr, G), "o", color=f"C{i}")
+            right.axvline(REFERENCE_BATCH, color="0.6", ls=":", label=f"reference batch {REFERENCE_BATCH}")
+            right.set(xscale="log", yscale="log", xlabel="global batch", ylabel="peak learning rate",
+                      title=f"--lr {base_lr:g} is tuned for a global batch of {REFERENCE_BATCH}")
+            right.legend(fontsize=8)
+            for ax in (left, right):
+                ax.grid(alpha=0.3)
+            plt.show()
+
+    for slider in (batch, workers, warmup):
+        slider.observe(draw, "value")
+    draw()
+    box = w.VBox([w.HBox([batch, workers, warmup]), out])
+    display(box)
+    return box
