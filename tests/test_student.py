@@ -165,6 +165,8 @@ def learner_notebooks(folder: Path) -> None:
         code("def half(x):\n    ### BEGIN SOLUTION (hint: x over 2)\n    return x / 2\n    ### END SOLUTION"),
         check("# CHECK: exercise 4 — half\nassert half(4) == 2"),
         code("print(y + 1)"),  # fails because exercise 2 is not done: not worth a warning
+        code("def nothing():\n    ### BEGIN SOLUTION (hint: None)\n    return None\n    ### END SOLUTION"),
+        check("# CHECK: exercise 5 (optional) — nothing\nassert nothing() is None"),
     ])
     nb = student_notebook(solution)
     stub = re.compile(r"# YOUR CODE HERE\n(?:\s*#.*\n)*\s*raise NotImplementedError\(.*\)")
@@ -189,7 +191,9 @@ def test_check_tells_a_learners_error_from_an_unfinished_exercise(tmp_path):
             "the checks after it may fail because of it") in out
     assert "cell 11" not in out  # print(y + 1) fails after unfinished exercises: not reported
     assert "✓ 01_exercises.ipynb: exercise 4 — half — pass" in out
-    assert out.rstrip().endswith("1 of 4 exercises pass.")
+    # an optional exercise not done yet is listed, and counts neither way
+    assert "○ 01_exercises.ipynb: exercise 5 (optional) — nothing — not done yet" in out
+    assert out.rstrip().endswith("1 of 4 exercises pass. (1 optional one not done.)")
 
 
 def test_check_one_notebook_by_its_number(tmp_path):

@@ -14,7 +14,9 @@ above the stub's ``raise``::
         # Hint: p -= lr * p.grad
         raise NotImplementedError("Exercise: see the hint above")
 
-A code cell tagged ``check`` whose first line is ``# CHECK: <name>`` is a learner-facing check.
+A code cell tagged ``check`` whose first line is ``# CHECK: <name>`` is a learner-facing check;
+a name with "(optional)" in it is an optional exercise, which `make check` lists but does not
+count against the learner until it is attempted.
 """
 from __future__ import annotations
 
@@ -197,7 +199,8 @@ def _error_line(error) -> str:
 
 def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
     """What `make check` says about an executed notebook, in cell order: ("✓" or "✗", "<exercise> — <verdict>")
-    for each ``check`` cell, and ("!", "cell N raised ...") for another cell's error.
+    for each ``check`` cell ("○" for an optional exercise not done yet), and ("!", "cell N raised ...")
+    for another cell's error.
 
     A failing check is "not done yet" when it met a stub: the stub's NotImplementedError, or an exercise
     cell above it (since the previous check) that raised it or still holds it untouched. Once an exercise
@@ -225,7 +228,8 @@ def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
             verdict = "not done yet"
         else:
             verdict = f"fails: {_error_line(errors[0])}"
-        results.append(("✓" if verdict == "pass" else "✗", f"{name} — {verdict}"))
+        optional = verdict == "not done yet" and "(optional)" in name
+        results.append(("✓" if verdict == "pass" else "○" if optional else "✗", f"{name} — {verdict}"))
         stub_above, failing = False, failing or verdict != "pass"
     return results
 
@@ -247,7 +251,7 @@ def check_learner(folder: Path, prefix: str = "") -> int:
               f'the notebooks are {", ".join(p.stem for p in everything) or "none"}.')
         return 1
     print("Save the notebook first (Ctrl+S): make check runs the saved file.")
-    passed = failed = 0
+    passed = failed = skipped = 0
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         if not any(map(_is_check, nb.cells)):
@@ -257,9 +261,10 @@ def check_learner(folder: Path, prefix: str = "") -> int:
         nb, _, stopped = execute(path, allow_errors=True)
         for mark, text in check_results(nb, stopped):
             print(f"{mark} {path.name}: {text}", flush=True)
-            passed, failed = passed + (mark == "✓"), failed + (mark == "✗")
+            passed, failed, skipped = passed + (mark == "✓"), failed + (mark == "✗"), skipped + (mark == "○")
     if passed + failed:
-        print(f"\n{passed} of {passed + failed} exercises pass.")
+        print(f"\n{passed} of {passed + failed} exercises pass."
+              + (f" ({skipped} optional one{'s' if skipped > 1 else ''} not done.)" if skipped else ""))
     return 0 if failed == 0 else 1
 
 
