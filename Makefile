@@ -20,6 +20,9 @@ TORCH_PINS := $(shell sed -n 's/^ *"\(torch[a-z]*==[^"]*\)",*$$/\1/p' pyproject.
 # nbgrader is the instructors' tool (make student, the tests): keep its menus and panels out of
 # the learners' JupyterLab. Disabled at .venv's level, a reinstall does not bring them back.
 NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader validate_assignment assignment_list course_list)
+# No "get notified about Jupyter news?" pop-up over the learners' plots, and no calls to the web.
+LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
+LAB_OVERRIDES := {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}
 
 .PHONY: setup data course lab test student check clean
 
@@ -32,6 +35,7 @@ $(STAMP): pyproject.toml Makefile
 	$(INSTALL) -e '.[dev]'
 	@$(BIN)/jupyter server extension disable --sys-prefix $(NBGRADER_SERVER_EXTENSIONS) >/dev/null 2>&1
 	@$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
+	@mkdir -p $(LAB_SETTINGS) && echo '$(LAB_OVERRIDES)' > $(LAB_SETTINGS)/overrides.json
 	@touch $(STAMP)
 
 data: setup

@@ -63,6 +63,11 @@ def test_jupyterlab_serves_the_student_notebook_without_nbgrader(tmp_path):
         assert not [name for name in loaded if "nbgrader" in name], f"server extensions loaded: {loaded}"
         with pytest.raises(urllib.error.HTTPError, match="404"):
             direct.open(f"{base}/formgrader?token={token}", timeout=10)
+        # no news pop-up over the notebook (`make setup` writes the override)
+        news = f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}"
+        with direct.open(news, timeout=10) as response:
+            defaults = {k: v.get("default") for k, v in json.load(response)["schema"]["properties"].items()}
+        assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False, defaults
     finally:
         proc.terminate()
         proc.wait(timeout=30)
