@@ -119,7 +119,7 @@ def stacked_split(rows: dict, ax=None):
     ax.margins(x=0.18)
     ax.invert_yaxis()
     ax.set(xlabel="ms per step")
-    ax.legend(ncol=len(phases), loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(rows) < 3 else -0.12), fontsize=8)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside the bars: never on a label
     return fig
 
 

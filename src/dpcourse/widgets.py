@@ -127,12 +127,12 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    wide = {"style": {"description_width": "initial"}, "continuous_update": False}  # labels not cut off
     batch = w.SelectionSlider(options=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096), value=512,
-                              description="batch/worker", continuous_update=False)
-    workers = w.SelectionSlider(options=(1, 2, 4, 8, 16, 32, 64), value=2, description="workers",
-                                continuous_update=False)
+                              description="batch per worker", **wide)
+    workers = w.SelectionSlider(options=(1, 2, 4, 8, 16, 32, 64), value=2, description="workers", **wide)
     warmup = w.FloatSlider(value=warmup_epochs, min=0.0, max=epochs - 0.25, step=0.25,
-                           description="warm-up (ep.)", continuous_update=False)
+                           description="warm-up (epochs)", **wide)
     out = w.Output()
 
     def draw(*_):
@@ -142,7 +142,7 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
             out.clear_output(wait=True)
             fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
             for i, rule in enumerate(LR_RULES):
-                lrs = lr_schedule(rule, base_lr, batch.value, workers.value, warmup.value, epochs, spe)
+                lrs = lr_schedule(rule, base_lr, batch.value, workers.value, warmup.value, epochs, spe)[:-1]  # not the final 0
                 left.plot([s / spe for s in range(len(lrs))], lrs, color=f"C{i}", label=f"{rule}: peak {max(lrs):.3g}")
             left.set(xlabel="epoch", ylabel="learning rate", yscale="log",
                      title=f"{workers.value} × {batch.value} = global batch {G:,}: {spe:,} steps per epoch")
