@@ -198,3 +198,21 @@ def test_a_bad_gz_dropped_in_raw_is_named_with_its_fix(tmp_path):
     (raw / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
     with pytest.raises(CourseError, match=r"train-images-idx3-ubyte.gz cannot be unpacked.*Delete "):
         ensure_fashion_mnist(tmp_path, download=False)
+
+
+def test_fetch_from_a_shared_copy_to_node_local_disk(tmp_path, staged):
+    """`fetch --from SHARED --data-root LOCAL`: what a Slurm job does once per node. The shared
+    copy is the only source (no Debian package, no network), and a damaged one is refused."""
+    local = tmp_path / "node-local"
+    done = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged, "--data-root", local],
+               env=NO_SOURCES)
+    assert done.returncode == 0 and "ready and verified" in done.stdout, done.stdout
+    assert sorted(p.name for p in (local / "FashionMNIST" / "raw").iterdir()) == sorted(FILES)
+    labels = staged / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:100])
+    bad = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged, "--data-root", tmp_path / "other"],
+              env=NO_SOURCES)
+    assert bad.returncode == 1 and "truncated" in bad.stdout and f"--data-root {staged}" in bad.stdout, bad.stdout
+    assert "Traceback" not in bad.stdout
+    nothing = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", tmp_path / "nowhere"], env=NO_SOURCES)
+    assert nothing.returncode != 0 and "no FashionMNIST/raw/ there" in nothing.stdout, nothing.stdout

@@ -17,6 +17,8 @@ same. A truncated or corrupt file is reported by name and never used.
 
     .venv/bin/python -m dpcourse.data fetch     # stage the data (with a progress bar)
     .venv/bin/python -m dpcourse.data verify    # check what is there
+    .venv/bin/python -m dpcourse.data fetch --from /shared/course/data --data-root "$TMPDIR/data"
+                                                # a node-local copy of a shared one (Slurm jobs)
 """
 from __future__ import annotations
 
@@ -108,11 +110,12 @@ def _corrupt(path: Path, problem: str, root: Path) -> CourseError:
 
 
 def _unpack(gz: Path, dest: Path, name: str) -> str | None:
-    """Unpack ``gz`` to ``dest`` atomically if its content is the official file; else say why."""
+    """Unpack ``gz`` (or copy it, when it is not a .gz file) to ``dest`` atomically if its content
+    is the official file; else say why."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{name}.")
     try:
-        with gzip.open(gz, "rb") as src, os.fdopen(fd, "wb") as out:
+        with (gzip.open if gz.suffix == ".gz" else open)(gz, "rb") as src, os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)
         problem = check_file(Path(tmp), name)
         if problem:
@@ -194,7 +197,7 @@ def _missing_files(raw: Path, root: Path, progress: bool) -> list[str]:
     return missing
 
 
-def _stage(root: Path, system_dir: Path, download: bool, progress: bool) -> Path:
+def _stage(root: Path, system_dir: Path, download: bool, progress: bool, source: Path | None = None) -> Path:
     raw = root / "FashionMNIST" / "raw"
     if not _missing_files(raw, root, progress):
         return raw  # all there and verified: nothing to write, no lock (the root may be read-only)
@@ -204,11 +207,13 @@ def _stage(root: Path, system_dir: Path, download: bool, progress: bool) -> Path
         for name in tqdm(missing, desc="stage FashionMNIST", unit="file", disable=not progress):
             local_gz = raw / f"{name}.gz"  # a learner may drop the official .gz files in raw/
             system_gz = system_dir / f"{name}.gz"
-            source = local_gz if local_gz.exists() else system_gz if system_gz.exists() else None
-            if source is not None:
-                if problem := _unpack(source, raw / name, name):
-                    fix = (f"Delete {local_gz} and put the official file there." if source == local_gz
-                           else "Reinstall it: sudo apt-get install --reinstall dataset-fashion-mnist")
+            shared = source / "FashionMNIST" / "raw" / name if source else None  # fetch --from
+            found = next((f for f in (shared, local_gz, system_gz) if f is not None and f.exists()), None)
+            if found is not None:
+                if problem := _unpack(found, raw / name, name):
+                    fix = (f"Delete {local_gz} and put the official file there." if found == local_gz
+                           else f"Stage that copy again: .venv/bin/python -m dpcourse.data fetch --data-root {source}"
+                           if found == shared else "Reinstall it: sudo apt-get install --reinstall dataset-fashion-mnist")
                     raise CourseError(f"FashionMNIST: {problem}. {fix}")
                 continue
             why = _download(name, raw) if download else "not tried (this command never downloads)"
@@ -218,19 +223,20 @@ def _stage(root: Path, system_dir: Path, download: bool, progress: bool) -> Path
 
 
 def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool = True,
-                         progress: bool | None = None) -> Path:
+                         progress: bool | None = None, source: str | os.PathLike | None = None) -> Path:
     """Make sure the four verified IDX files are in ``<root>/FashionMNIST/raw`` and return that folder.
 
     With a process group, rank 0 stages first and the others wait (then find the files, or, on a
     node-local root, stage their own copy); a file lock keeps processes without a group from
-    writing at the same time.
+    writing at the same time. ``source``: a data root whose verified copy is copied first (a
+    shared folder, staged once to node-local disk).
     """
     root = default_root(root)
     system_dir = Path(os.environ.get("DPCOURSE_SYSTEM_DATA", SYSTEM_DIR))
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     with rank0_first():
-        return _stage(root, system_dir, download, progress)
+        return _stage(root, system_dir, download, progress, Path(source) if source else None)
 
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
@@ -294,11 +300,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dpcourse.data", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["fetch", "verify", "where"])
     parser.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: $DPCOURSE_DATA or <checkout>/data)")
+    parser.add_argument("--from", dest="source", default=None, metavar="DIR",
+                        help="fetch: copy from this data root first (e.g. a shared copy, to node-local disk)")
     args = parser.parse_args(argv)
+    if args.source and not (Path(args.source) / "FashionMNIST" / "raw").is_dir():
+        raise SystemExit(f"--from {args.source}: no FashionMNIST/raw/ there. Give the data root of a staged "
+                         f"copy (the folder that holds FashionMNIST/), e.g. the course's data/.")
     if args.command == "where":
         print(raw_dir(args.data_root))
         return 0
-    raw = ensure_fashion_mnist(args.data_root, download=args.command == "fetch", progress=None)
+    raw = ensure_fashion_mnist(args.data_root, download=args.command == "fetch", progress=None,
+                               source=args.source if args.command == "fetch" else None)
     print(f"FashionMNIST ready and verified in {raw}")
     return 0
 
