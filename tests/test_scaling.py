@@ -97,6 +97,11 @@ def test_a_folder_holds_one_study(study, fashion_root):
     assert result.returncode == 1 and "--batch-size 32" in result.stdout and "Traceback" not in result.stdout
     with pytest.raises(CourseError, match="lab options"):
         scaling.run(out, LAB, modes=("weak",), workers=(1, 2), batch_size=32, lab_args=("--max-steps", "5"))
+    # where the data is read from does not change a run (each task of a Slurm array stages its own copy)
+    elsewhere = study_cmd(out, data_root=fashion_root)
+    elsewhere[-1] = str(fashion_root.resolve()) + "/."
+    again = run(elsewhere, timeout=60)
+    assert again.returncode == 0 and again.stdout.count("skipped, its log is complete") == 4, again.stdout
 
 
 # ------------------------------------------------------------------ the table's maths

@@ -200,7 +200,7 @@ def _save_study(out: Path, runs: list[dict], facts: dict) -> dict:
             refuse(f"whose {mode} runs use {flag} {before.pop()} (this one: {now.pop()}); add {flag} "
                    f"to this command to match")
     for r in runs:
-        if r["name"] in known and known[r["name"]]["lab_args"] != r["lab_args"]:
+        if r["name"] in known and _meaning(known[r["name"]]["lab_args"]) != _meaning(r["lab_args"]):
             refuse(f"whose {r['name']} ran with the lab options {' '.join(known[r['name']]['lab_args'])!r} "
                    f"(this one: {' '.join(r['lab_args'])!r})")
     new = [r for r in runs if r["name"] not in known]
@@ -208,6 +208,20 @@ def _save_study(out: Path, runs: list[dict], facts: dict) -> dict:
         study["runs"] += new
         _write(path, study, replace=True)
     return study
+
+
+def _meaning(lab_args: list[str]) -> list[str]:
+    """The lab options that change what a run measures: all but where the data is read from
+    (each task of a Slurm job array may stage it to its own node-local folder)."""
+    out, skip = [], False
+    for arg in lab_args:
+        if skip:
+            skip = False
+        elif arg == "--data-root":
+            skip = True
+        elif not arg.startswith("--data-root="):
+            out.append(arg)
+    return out
 
 
 def _write(path: Path, data: dict, replace: bool) -> None:
