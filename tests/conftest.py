@@ -45,12 +45,12 @@ def torchrun_cmd(nproc, script, *args):
 
 @pytest.fixture(scope="session")
 def slurm():
-    """A real two-node Slurm cluster (nodes n1, n2) on this machine; see tests/slurm.py.
+    """A real two-node Slurm cluster (nodes n1, n2) on this machine; see dpcourse/localslurm.py.
 
     Skipped where it cannot run (not root, Slurm or munge not installed), except in CI
     (CI=true), which installs them: there a skip would hide a broken harness, so it fails.
     """
-    import slurm as harness  # tests/slurm.py
+    from dpcourse import localslurm as harness
 
     if why := harness.unavailable():
         if os.environ.get("CI") == "true":

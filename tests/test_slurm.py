@@ -1,4 +1,4 @@
-"""hello.py under a real Slurm (the `slurm` fixture, tests/slurm.py): srun on one node and on two, sbatch."""
+"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and on two, sbatch."""
 import re
 import time
 import shlex
@@ -86,7 +86,7 @@ def test_mpirun_inside_an_srun_step_forms_one_group(slurm):
 def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
     """Two single-node `srun -n2` jobs start together (on n1 and n2: one host); no MASTER_PORT."""
     import subprocess
-    from slurm import ROOT, clean_env
+    from dpcourse.localslurm import ROOT, clean_env
     cmd = ["srun", "-N1", "-n2", slurm.python, HELLO]
     jobs = [subprocess.Popen(cmd, cwd=ROOT, env=clean_env(**slurm.env), text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT) for _ in range(2)]

@@ -1,12 +1,14 @@
-"""A real two-node Slurm cluster on this one machine, for tests that run srun, sbatch, mpirun.
+"""A real two-node Slurm cluster on this one machine: for the tests, notebook 09 and `make slurm-demo`.
 
-munged, slurmctld and two slurmd daemons (nodes n1 and n2, 2 CPUs each, both 127.0.0.1, each on
-its own port) run as root with their config, state, sockets and logs in one temporary folder.
+munged, slurmctld and two slurmd daemons (nodes n1 and n2, 2 CPUs and 2 pretend GPUs each, both
+127.0.0.1, each on its own port) run as root with their config, state, sockets and logs in one
+temporary folder. The GPUs are a count only (no devices): `--gpus-per-node=2` is granted and
+SLURM_GPUS_ON_NODE says 2, so the GPU templates of slurm/ run as they are, their processes on the CPU.
 Every Slurm command finds that config through SLURM_CONF in ``Cluster.env``; ``Cluster.run``,
 ``srun`` and ``sbatch`` set it, and drop the launcher variables (RANK, SLURM_*, ...) of whatever
 runs the tests, so that a job sees only what Slurm and the test give it.
 
-    with start() as cluster:                       # the `slurm` fixture in conftest.py
+    with start() as cluster:                       # the `slurm` fixture in tests/conftest.py
         cluster.srun("-N2", "-n2", "hostname")     # CompletedProcess, stdout+stderr in .stdout
         job = cluster.sbatch("#!/bin/bash\nsrun hostname\n", "-N2")   # Batch(returncode, output, ...)
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -25,8 +28,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the course checkout (src/dpcourse/ is two below)
 NODES = ("n1", "n2")
+GPUS = 2  # per node, pretend: Slurm hands them out, nothing uses them
+# The templates ask for a real node's worth (4 GPUs, 32 CPUs); these sbatch options shrink a job
+# to this cluster's nodes, as a learner's own options would.
+FIT = ("--gpus-per-node=2", "--cpus-per-task=2")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 # Set by an outer launcher (an outer Slurm job, torchrun, mpirun): a job must not inherit them.
 LEAKY = re.compile(r"(SLURM_|SBATCH_|SRUN_|SALLOC_|OMPI_|PMIX_|PMI_|TORCHELASTIC_|MASTER_).*"
@@ -107,12 +114,13 @@ class Cluster:
     def srun(self, *args: str, timeout: float = 60, env: dict | None = None):
         return self.run(["srun", *map(str, args)], timeout, env)
 
-    def sbatch(self, script: str | Path, *args: str, timeout: float = 60,
+    def sbatch(self, script: str | Path, *options: str, args=(), timeout: float = 60,
                env: dict | None = None) -> Batch:
-        """Submit a job and wait for it. ``script`` is a file (Path) or the script's text (str)."""
-        cmd = ["sbatch", "--wait", f"--output={self.tmp}/job-%j.out", *map(str, args)]
+        """Submit a job and wait for it. ``script`` is a file (Path) or the script's text (str);
+        ``options`` go to sbatch, ``args`` to the script (after its name)."""
+        cmd = ["sbatch", "--wait", f"--output={self.tmp}/job-%j.out", *map(str, options)]
         if isinstance(script, Path):
-            done = self.run([*cmd, str(script)], timeout, env)
+            done = self.run([*cmd, str(script), *map(str, args)], timeout, env)
         else:
             done = self.run(cmd, timeout, env, input=script)  # sbatch reads the script from stdin
         m = re.search(r"Submitted batch job (\d+)", done.stdout)
@@ -140,8 +148,13 @@ class Cluster:
 
 def _write_config(tmp: Path, ctld_port: int, node_ports: list[int]) -> None:
     host = socket.gethostname().split(".")[0]  # slurmctld only starts on the host SlurmctldHost names
-    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 State=UNKNOWN"
+    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 Gres=gpu:{GPUS} State=UNKNOWN"
                       for n, p in zip(NODES, node_ports))
+    # Pretend GPUs: slurmd counts a GPU per device file it is given; plain files do.
+    for i in range(GPUS):
+        (tmp / f"pretend-gpu{i}").touch()
+    (tmp / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+        f"NodeName={n} Name=gpu File={tmp}/pretend-gpu[0-{GPUS - 1}]\n" for n in NODES))
     (tmp / "slurm.conf").write_text(f"""\
 ClusterName=dpcourse
 SlurmctldHost={host}(127.0.0.1)
@@ -163,6 +176,7 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
+GresTypes=gpu
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
@@ -247,3 +261,77 @@ def _wait(ready, timeout: float, what: str, cluster: Cluster) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}\n{cluster.logs()}")
         time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- outside the tests
+class Existing(Cluster):
+    """The Slurm this machine already submits to (a login node). Job logs go to ``out``, which
+    must be on a filesystem the compute nodes see; your SBATCH_ACCOUNT, SBATCH_PARTITION and
+    SBATCH_RESERVATION are kept."""
+
+    def __init__(self, out: Path):
+        super().__init__(out)
+        self.env = {}
+
+    def run(self, cmd, timeout=60, env=None, input=None):
+        keep = {k: v for k, v in os.environ.items() if k.startswith("SBATCH_")}
+        return super().run(cmd, timeout, {**keep, **(env or {})}, input)
+
+
+def for_notebook(out: Path, timeout: float = 30):
+    """(cluster, where, stop) for notebook 09: this machine's two-node Slurm when it can start
+    here (root, with slurm-wlm and munge); else the Slurm this machine already submits to (when
+    ``sinfo`` answers); else (None, why, a no-op). ``stop()`` stops a cluster started here."""
+    if (why := unavailable()) is None:
+        cluster, stop = start_background(timeout)
+        return cluster, "the course's two-node Slurm on this machine (nodes n1, n2)", stop
+    if shutil.which("sinfo"):
+        probe = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0 and probe.stdout.strip():
+            out.mkdir(parents=True, exist_ok=True)
+            return Existing(out), "this machine's own Slurm (partitions: " + ", ".join(probe.stdout.split()) + ")", \
+                lambda: None
+        why = "sinfo does not answer here: " + (probe.stderr.strip().splitlines() or ["no Slurm"])[-1]
+    return None, why, lambda: None
+
+
+def start_background(timeout: float = 30) -> tuple[Cluster, callable]:
+    """``start()`` for a notebook: the cluster, and the function that stops it (also called when
+    Python exits). Cells in between submit jobs to ``cluster``."""
+    import atexit
+
+    stack = ExitStack()
+    cluster = stack.enter_context(start(timeout))
+    atexit.register(stack.close)
+    return cluster, stack.close
+
+
+def demo(lab_args=(), save: Path | None = None) -> int:
+    """`make slurm-demo`: the two-node cluster, one job of slurm/multi_node.sbatch across both
+    nodes (2 pretend GPUs each: 4 processes on this machine's CPUs), its log, then a clean stop.
+    ``save``: a folder for the job's output (job.out), rank 0's log.jsonl and the command."""
+    if why := unavailable():
+        print(f"The local Slurm cluster cannot start here: {why}.")
+        return 1
+    template = ROOT / "slurm" / "multi_node.sbatch"
+    args = list(lab_args) or ["--max-steps", "60", "--eval-every", "20", "--global-batch-size", "64"]
+    t0 = time.monotonic()
+    with start() as cluster:
+        print(f"two-node Slurm up in {time.monotonic() - t0:.1f} s (config in {cluster.tmp}):")
+        print(cluster.run(["sinfo", "--Node", "--format=%N %T %c CPUs %G"]).stdout.rstrip())
+        print(f"$ sbatch --wait slurm/multi_node.sbatch {shlex.join(args)}", flush=True)
+        t1 = time.monotonic()
+        runs = cluster.tmp / "runs"
+        job = cluster.sbatch(template, *FIT, args=args, timeout=600, env={"RUNS": str(runs)})
+        print(job.output.rstrip())
+        print(f"job {job.job_id}: exit status {job.returncode}, {time.monotonic() - t1:.1f} s")
+        if save is not None and job.returncode == 0:
+            save = Path(save)
+            save.mkdir(parents=True, exist_ok=True)
+            (save / "job.out").write_text(job.output.replace(str(cluster.tmp), "$TMP"))
+            shutil.copy(runs / "log.jsonl", save / "log.jsonl")
+            (save / "command.txt").write_text(f"sbatch {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}\n"
+                                              "(made by: sudo .venv/bin/python -m dpcourse.slurm demo --save DIR)\n")
+            print(f"saved the job's output and rank 0's log in {save}")
+    print("cluster stopped")
+    return job.returncode
