@@ -212,8 +212,9 @@ def run_check(nb, check, exercise, answer=None, prefix=None):
     os.chdir(ROOT / "solutions")
     if isinstance(answer, Lab):  # the check runs a lab: give it a copy with the wrong region
         labs = tempfile.mkdtemp(prefix="wrong-labs-")
-        for path in (ROOT / "solutions" / "labs").glob("*.py"):
-            shutil.copy(path, labs)
+        for path in (ROOT / "solutions" / "labs").iterdir():  # .py labs and .sbatch job scripts
+            if path.is_file():
+                shutil.copy(path, labs)
         target = os.path.join(labs, answer.file)
         with open(target) as f:
             text = f.read()

@@ -28,12 +28,17 @@ def solution_lines(text: str) -> set[str]:
     return inside - outside
 
 
+def lab_files(folder: Path) -> list[Path]:
+    """The labs: Python labs and Slurm job scripts."""
+    return [p for p in folder.iterdir() if p.suffix in (".py", ".sbatch")]
+
+
 def sources(folder: Path) -> dict[str, str]:
     out = {}
     for path in sorted(folder.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         out[path.name] = "\n".join(cell.source for cell in nb.cells)
-    for path in sorted((folder / "labs").glob("*.py")) if (folder / "labs").exists() else []:
+    for path in sorted(lab_files(folder / "labs")) if (folder / "labs").exists() else []:
         out["labs/" + path.name] = path.read_text()
     return out
 
@@ -74,7 +79,7 @@ def test_no_marker_and_no_solution_code_leaks(generated):
         assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text, name
         leaked = [line for line in solution_lines(solutions[name]) if line in text]
         assert not leaked, f"{name} leaks solution code: {leaked}"
-    for path in (generated / "labs").glob("*.py"):
+    for path in lab_files(generated / "labs"):
         text = path.read_text()
         assert "BEGIN SOLUTION" not in text
         assert not [line for line in solution_lines(solutions["labs/" + path.name]) if line in text]
@@ -120,7 +125,7 @@ def test_stub_puts_the_hint_on_wrapped_comment_lines_keeping_indentation():
 
 
 def test_every_generated_stub_line_fits_the_editor(generated):
-    texts = {**sources(generated / "notebooks"), **{p.name: p.read_text() for p in (generated / "labs").glob("*.py")}}
+    texts = {**sources(generated / "notebooks"), **{p.name: p.read_text() for p in lab_files(generated / "labs")}}
     blocks = [(name, block) for name, text in texts.items() for block in stub_blocks(text)]
     assert len(blocks) >= 2, "notebook 01's two exercises should be stubs"
     long = [(name, line) for name, block in blocks for line in block if len(line) > 100]

@@ -35,6 +35,8 @@ from .data import project_root
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 HINT = re.compile(r"BEGIN SOLUTION\s*\((?:hint:\s*)?(.*)\)\s*(?:-->)?\s*$")
 STUB_RAISE = 'raise NotImplementedError("Exercise: see the hint above")'
+# A job script's exercise (labs/*.sbatch) stops the job the same way, in its own language.
+STUB_EXIT = 'echo "Exercise: see the hint above" >&2; exit 1'
 STUB_WIDTH = 88  # the hint's comment lines, indentation included
 # An exercise still as generated: its stub's comment lines, then the raise.
 UNTOUCHED = re.compile(r'# YOUR CODE HERE\n(?:[ \t]*#.*\n)*[ \t]*raise NotImplementedError\("Exercise:')
@@ -92,7 +94,7 @@ def run_course(folder: Path, out: Path) -> int:
 
 
 # ---------------------------------------------------------------- make student
-def stub(hint: str, indent: int = 0) -> str:
+def stub(hint: str, indent: int = 0, last: str = STUB_RAISE) -> str:
     """What an exercise region becomes: the hint on comment lines that fit the editor, then a raise.
 
     Each clause of the hint (they end with ";") starts a line; a long one wraps, never inside "(...)".
@@ -103,10 +105,10 @@ def stub(hint: str, indent: int = 0) -> str:
     lines = [line.replace("\xa0", " ") for clause in re.split(r"(?<=;)\s+", hint)
              for line in textwrap.wrap(clause, width, break_long_words=False, break_on_hyphens=False)]
     hint_lines = ["# Hint: " + lines[0]] + ["#       " + line for line in lines[1:]]
-    return "\n".join(["# YOUR CODE HERE", *hint_lines, STUB_RAISE])
+    return "\n".join(["# YOUR CODE HERE", *hint_lines, last])
 
 
-def _clear_solutions(cell) -> None:
+def _clear_solutions(cell, last: str = STUB_RAISE) -> None:
     """nbgrader's ClearSolutions on one cell, each exercise region with its own hint and indent."""
     from nbgrader.preprocessors import ClearSolutions
 
@@ -122,7 +124,7 @@ def _clear_solutions(cell) -> None:
         if BEGIN in chunk:
             marker = next(line for line in chunk.splitlines() if BEGIN in line)
             hint = m.group(1) if (m := HINT.search(marker)) else ""
-            code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()))  # indented like the marker
+            code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()), last=last)  # indented like the marker
             part = nbformat.v4.new_code_cell(chunk) if cell.cell_type == "code" else nbformat.v4.new_markdown_cell(chunk)
             ClearSolutions(enforce_metadata=False, code_stub={"python": code_stub},
                            text_stub=TEXT_STUB).preprocess_cell(part, {"language": "python"}, 0)
@@ -144,12 +146,13 @@ def student_notebook(nb):
     return nb
 
 
-def student_script(text: str) -> str:
-    """The learner's copy of a ``.py`` lab, with the same markers and stubs as notebooks; its
-    usage lines name the learner's own labs/, so a copied command runs their copy."""
+def student_script(text: str, shell: bool = False) -> str:
+    """The learner's copy of a lab (``.py``, or a ``.sbatch`` job script with ``shell``), with the
+    same markers and stubs as notebooks; its usage lines name the learner's own labs/, so a
+    copied command runs their copy."""
     cell = nbformat.v4.new_code_cell(text.replace("solutions/labs/", "labs/"))
     if BEGIN in text:
-        _clear_solutions(cell)
+        _clear_solutions(cell, last=STUB_EXIT if shell else STUB_RAISE)
     return cell.source
 
 
@@ -166,7 +169,7 @@ def _edited_copies(top: Path) -> list[str]:
 
 
 def generate_student(src: Path, dest: Path) -> list[Path]:
-    """Write ``dest/notebooks/*.ipynb`` and ``dest/labs/*.py`` from ``src`` (= solutions/)."""
+    """Write ``dest/notebooks/*.ipynb`` and ``dest/labs/*.py``, ``*.sbatch`` from ``src`` (= solutions/)."""
     written = []
     (dest / "notebooks").mkdir(parents=True, exist_ok=True)
     (dest / "labs").mkdir(parents=True, exist_ok=True)
@@ -175,9 +178,10 @@ def generate_student(src: Path, dest: Path) -> list[Path]:
         target = dest / "notebooks" / path.name
         nbformat.write(nb, target)
         written.append(target)
-    for path in sorted((src / "labs").glob("*.py")):
+    for path in sorted(p for p in (src / "labs").iterdir() if p.suffix in (".py", ".sbatch")):
         target = dest / "labs" / path.name
-        target.write_text(student_script(path.read_text()))
+        target.write_text(student_script(path.read_text(), shell=path.suffix == ".sbatch"))
+        target.chmod(path.stat().st_mode & 0o777)
         written.append(target)
     return written
 

@@ -47,15 +47,20 @@ class Run:
         return [line[len(tag):] for line in self.lines if line.startswith(tag)]
 
 
+LAB_SUFFIXES = (".py", ".sbatch")  # labs/ holds Python labs and Slurm job scripts
+
+
 def lab(name: str, start: Path | None = None) -> Path:
     """The lab script ``name`` that belongs with this notebook.
 
     A notebook under ``solutions/`` runs the complete ``solutions/labs/<name>.py``; a student
     notebook under ``notebooks/`` runs the learner's own ``labs/<name>.py``; ``$DPCOURSE_LABS``,
-    when set, names another folder of labs.
+    when set, names another folder of labs. A name with another suffix (``first_job.sbatch``)
+    is taken as it is.
     """
+    name = name if Path(name).suffix in LAB_SUFFIXES else f"{name}.py"
     if os.environ.get("DPCOURSE_LABS"):  # another folder of labs (tests of wrong answers use it)
-        path = Path(os.environ["DPCOURSE_LABS"]) / f"{name.removesuffix('.py')}.py"
+        path = Path(os.environ["DPCOURSE_LABS"]) / name
         if not path.is_file():
             raise CourseError(f"No lab script {path} (DPCOURSE_LABS is set).")
         return path
@@ -64,7 +69,7 @@ def lab(name: str, start: Path | None = None) -> Path:
     if top is None:
         raise CourseError(f"Run this from inside the course checkout (cwd is {here}).")
     in_solutions = (top / "solutions") in (here, *here.parents)
-    path = (top / "solutions" / "labs" if in_solutions else top / "labs") / f"{name.removesuffix('.py')}.py"
+    path = (top / "solutions" / "labs" if in_solutions else top / "labs") / name
     if not path.is_file():
         raise CourseError(f"No lab script {path}. Run `make student` to regenerate the student copies.")
     return path
