@@ -4,6 +4,7 @@
 #   make lab       JupyterLab on your notebooks (notebooks/00_setup.ipynb first)
 #   make student   regenerate notebooks/ and labs/ from solutions/ (instructors)
 #   make check     run your notebooks and report which exercises pass; make check NB=01: notebook 01 only
+#   make slurm-demo  a two-node Slurm on this machine (as root), one multi-node job, then a clean stop
 #
 # No GPU? On Linux, PyPI's torch brings 3.2 GB of CUDA libraries. On a fresh clone (or after
 # rm -rf .venv), take PyTorch's CPU-only wheels instead:
@@ -24,7 +25,7 @@ NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader
 LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}
 
-.PHONY: setup data course lab test student check clean
+.PHONY: setup data course lab test student check slurm-demo clean
 
 setup: $(STAMP)
 
@@ -61,6 +62,11 @@ student: setup
 # Where SIGPIPE is ignored, `exit 1` still fails the usual way.
 check: setup
 	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') || { kill -PIPE $$PPID; exit 1; }
+
+# A real two-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), one job of
+# slurm/multi_node.sbatch across both nodes, then a clean stop: how to try the templates on a laptop.
+slurm-demo: data
+	$(BIN)/python -m dpcourse.slurm demo
 
 clean:
 	rm -rf build .pytest_cache

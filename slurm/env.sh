@@ -1,0 +1,64 @@
+# shellcheck shell=bash disable=SC2034  # the variables are the templates' to use
+# What every template in slurm/ shares: paths, the Python environment (container or .venv), the
+# rendezvous address, the data staged to node-local disk, and the lab's options. Each template
+# sources this file; EDIT it once for your cluster, or export any of these variables before
+# `sbatch` (what you export wins).
+
+# ---- paths --------------------------------------------------------------------------------------
+# The course checkout, on a filesystem that every node sees. Submit from it: `sbatch slurm/x.sbatch`.
+COURSE=${COURSE:-${SLURM_SUBMIT_DIR:-$PWD}}
+# FashionMNIST's shared, verified copy (`make data` stages it in the checkout's data/).       EDIT
+DATA=${DATA:-$COURSE/data}
+# Node-local disk for one copy of the data per node: $TMPDIR on many clusters.                EDIT
+LOCAL_DATA=${LOCAL_DATA:-${TMPDIR:-/tmp}/dpcourse-$SLURM_JOB_ID}
+# Checkpoints and the JSON log: shared, so that a requeued job finds them.
+RUNS=${RUNS:-$COURSE/runs/$SLURM_JOB_NAME-$SLURM_JOB_ID}
+# The lab: the solution, or your own labs/fashion_ddp.py once its exercises are done.          EDIT
+LAB=${LAB:-solutions/labs/fashion_ddp.py}
+# The course's container (container/README.md): the path of dpcourse.sif. Empty: $COURSE/.venv.
+CONTAINER=${CONTAINER:-}
+mkdir -p "$RUNS"
+cd "$COURSE" || exit 1
+
+# ---- the Python environment ------------------------------------------------------------------
+# PY and TORCHRUN are commands (arrays), so that srun can start them on every node.
+if [[ -n $CONTAINER ]]; then
+    # --nv: the node's GPU driver and devices inside the container (a warning on CPU-only nodes);
+    # --bind: the folders the job reads and writes, at the same paths inside.
+    IN_CONTAINER=(apptainer exec --nv --bind "$COURSE,$DATA,$RUNS,${LOCAL_DATA%/*}" "$CONTAINER")
+    PY=("${IN_CONTAINER[@]}" python)
+    TORCHRUN=("${IN_CONTAINER[@]}" torchrun)
+else
+    PY=("$COURSE/.venv/bin/python")
+    TORCHRUN=("$COURSE/.venv/bin/torchrun")
+fi
+
+# ---- Slurm ----------------------------------------------------------------------------------
+# Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: pass it on explicitly.
+export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# The rendezvous: the job's first node hosts it, on a port derived from the job id, so that two
+# jobs sharing a node never pick the same one (a requeued job keeps its id, and its port).
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
+export MASTER_ADDR MASTER_PORT
+# NCCL (GPU jobs). NCCL_DEBUG=INFO makes every rank print the network NCCL chose (InfiniBand,
+# sockets); NCCL_SOCKET_IFNAME names the interface when NCCL picks the wrong one (ask your
+# admins which: ib0, eth0, ...). Both are plain environment variables:
+# export NCCL_DEBUG=INFO
+# export NCCL_SOCKET_IFNAME=ib0
+
+# ---- what every training job passes to the lab -----------------------------------------------
+# The node-local data; rank 0's checkpoints and JSON log in RUNS; --resume auto: a requeued job
+# (`#SBATCH --requeue`: preemption, a node failure) goes on from its last checkpoint.
+LAB_ARGS=(--data-root "$LOCAL_DATA" --checkpoint-dir "$RUNS" --checkpoint-every 100 --resume auto
+          --log-json "$RUNS/log.jsonl")
+
+# Copy the shared data to node-local disk, once per node (one task per node), verified. srun's
+# --ntasks defaults to the job's: a step with fewer tasks says how many.
+stage_data() {
+    srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+        "${PY[@]}" -m dpcourse.data fetch --from "$DATA" --data-root "$LOCAL_DATA"
+}
+
+echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_ADDR:$MASTER_PORT, runs in $RUNS," \
+     "${CONTAINER:+container $CONTAINER,}lab $LAB"

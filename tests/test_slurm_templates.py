@@ -1,0 +1,261 @@
+"""The sbatch templates of slurm/: shellcheck-clean, dry runs that add up (and name what does not),
+and every template submitted to a real two-node Slurm (the `slurm` fixture, dpcourse/localslurm.py):
+across both nodes, failing fast when a rank dies, resuming after a requeue."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run
+from dpcourse import localslurm
+from dpcourse.metrics import read_log
+from dpcourse.slurm import directives, dry_run, job_from
+
+SLURM_DIR = ROOT / "slurm"
+TEMPLATES = sorted(p.name for p in SLURM_DIR.glob("*.sbatch"))
+# The test cluster's nodes: 2 CPUs and 2 (pretend) GPUs each; FIT shrinks a job to them.
+FIT = list(localslurm.FIT)
+SHORT = ["--max-steps", "30", "--eval-every", "15", "--global-batch-size", "64"]
+
+
+def test_templates_are_shellcheck_clean():
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI installs shellcheck (.ci/run): it is missing")
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    jobs = [*(f"slurm/{t}" for t in TEMPLATES), "slurm/env.sh",
+            *(str(p.relative_to(ROOT)) for p in (ROOT / "solutions" / "labs").glob("*.sbatch"))]
+    done = run(["shellcheck", "-x", *jobs])  # from the course folder, where `source slurm/env.sh` points
+    assert done.returncode == 0, done.stdout
+
+
+def test_every_template_sets_the_basics():
+    for name in TEMPLATES:
+        text = (SLURM_DIR / name).read_text()
+        assert "set -euo pipefail" in text and "source " in text and "slurm/env.sh" in text, name
+        assert all("--kill-on-bad-exit=1" in line for line in text.splitlines() if line.startswith("srun ")), name
+        for what in ("--account", "--partition", "--reservation", "--time"):
+            assert re.search(rf"^#+SBATCH {what}=.*EDIT", text, re.M), f"{name}: no {what} line to EDIT"
+    env = (SLURM_DIR / "env.sh").read_text()
+    assert "SRUN_CPUS_PER_TASK" in env and "NCCL_DEBUG" in env and "NCCL_SOCKET_IFNAME" in env
+    assert "scontrol show hostnames" in env and "--resume auto" in env
+
+
+# ---------------------------------------------------------------- dry runs
+@pytest.mark.parametrize("name, world, per_node", [("single_node.sbatch", 4, 4), ("multi_node.sbatch", 8, 4),
+                                                    ("task_per_gpu.sbatch", 8, 4), ("cpu.sbatch", 4, 2)])
+def test_dry_run_of_a_template_adds_up(name, world, per_node):
+    result = dry_run(SLURM_DIR / name)
+    assert result.problems == [], result.report()
+    step = result.training
+    assert (step.world_size, step.procs_per_node) == (world, per_node), result.report()
+    assert "--kill-on-bad-exit=1" in step.argv and str(step.argv[-1]).endswith("log.jsonl")
+
+
+def test_dry_run_takes_sbatch_options_and_lab_options():
+    result = dry_run(SLURM_DIR / "multi_node.sbatch", ["--nodes=3", "--gpus-per-node=2"], ["--epochs", "1"])
+    step = result.training
+    assert step.world_size == 6 and step.argv[-2:] == ["--epochs", "1"], result.report()
+    assert "ranks 0-1 on node001, 2-3 on node002, 4-5 on node003" in result.report()
+    assert "--nnodes=3" in step.argv and "--rdzv-endpoint=node001:24242" in step.argv
+
+
+def test_sbatch_directives_are_read_as_sbatch_reads_them():
+    text = "#!/bin/bash\n#SBATCH --nodes=2   # EDIT\n##SBATCH --account=x\n#SBATCH -c 4\nset -e\n#SBATCH --nodes=9\n"
+    assert directives(text) == ["--nodes=2", "-c", "4"]  # switched-off lines and lines after a command: ignored
+    job = job_from(directives(text), Path("x.sbatch"))
+    assert (job.nodes, job.cpus_per_task, job.gpus_per_node) == (2, 4, 0)
+
+
+WRONG_LAUNCHES = {
+    "--nnodes=1": ("multi_node.sbatch", ('--nnodes="$SLURM_NNODES"', "--nnodes=1"), "torchrun --nnodes=1, but srun starts 2"),
+    "standalone on every node": ("multi_node.sbatch", ('--nnodes="$SLURM_NNODES"', "--standalone"), "separate jobs"),
+    "a torchrun per GPU": ("multi_node.sbatch", ("srun --kill-on-bad-exit=1", "srun --kill-on-bad-exit=1 --ntasks-per-node=4"),
+                           "Slurm ignores --ntasks-per-node"),
+    "one torchrun per GPU, asked for in the job": ("multi_node.sbatch", ("#SBATCH --ntasks-per-node=1 ", "#SBATCH --ntasks-per-node=4 "),
+                                                   "4 torchruns per node"),
+    # the bug a real Slurm found: a staging step of one task per node inherited the job's 8 tasks
+    "staging without --ntasks": ("env.sh", ('srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1', "srun --ntasks-per-node=1"),
+                                 "inherits the job's 8 (SLURM_NTASKS)"),
+    "no rendezvous endpoint": ("multi_node.sbatch", ('--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', ""), "--rdzv-endpoint"),
+    "more processes than GPUs": ("single_node.sbatch", ('--nproc-per-node="$NPROC"', "--nproc-per-node=8"), "8 processes per node but 4 GPU"),
+    "fewer processes than GPUs": ("task_per_gpu.sbatch", ("#SBATCH --ntasks-per-node=4", "#SBATCH --ntasks-per-node=1"), "3 GPU(s) per node sit idle"),
+}
+
+
+@pytest.mark.parametrize("what", WRONG_LAUNCHES)
+def test_dry_run_names_what_does_not_add_up(what, tmp_path):
+    name, (old, new), message = WRONG_LAUNCHES[what]
+    shutil.copytree(SLURM_DIR, tmp_path / "slurm")  # the job is submitted from tmp_path: its slurm/env.sh
+    changed = tmp_path / "slurm" / name
+    text = changed.read_text()
+    assert old in text
+    changed.write_text(text.replace(old, new))
+    wrong = changed if name != "env.sh" else tmp_path / "slurm" / "task_per_gpu.sbatch"
+    result = dry_run(wrong, root=tmp_path)
+    assert any(message in p for p in result.problems), result.report()
+    cli = run([ROOT / ".venv/bin/python", "-m", "dpcourse.slurm", "dry-run", wrong], cwd=tmp_path)
+    assert cli.returncode == 1 and "✗" in cli.stdout and "Traceback" not in cli.stdout, cli.stdout
+
+
+# ---------------------------------------------------------------- a real Slurm
+def final_line(output: str) -> re.Match:
+    """Rank 0's last line: 'step N: test accuracy A, test loss L, T s (why)'."""
+    return re.search(r"\[rank0\]:\s*step (\d+): test accuracy (0\.\d+)|^0: step (\d+): test accuracy (0\.\d+)", output, re.M)
+
+
+def submit(slurm, name, tmp_path, *options, args=SHORT, timeout=240, env=None):
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    job = slurm.sbatch(SLURM_DIR / name, *options, args=args, timeout=timeout, env={"RUNS": str(runs), **(env or {})})
+    return job, time.monotonic() - t0, runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, options, world", [
+    ("single_node.sbatch", FIT, 2),
+    ("multi_node.sbatch", FIT, 4),
+    ("task_per_gpu.sbatch", [*FIT, "--ntasks-per-node=2", "--cpus-per-task=1"], 4),
+    ("cpu.sbatch", [], 4),
+])
+def test_template_runs_on_a_two_node_slurm(slurm, name, options, world, tmp_path):
+    job, seconds, runs = submit(slurm, name, tmp_path, *options)
+    assert job.returncode == 0, job.log + job.output
+    records = read_log(runs / "log.jsonl")
+    done = records[-1]
+    assert done["event"] == "done" and done["world_size"] == world and done["step"] == 30, job.output
+    assert done["test_images"] == 10_000 and done["replicas_max_diff"] == 0.0
+    assert final_line(job.output), job.output  # rank 0's accuracy line is in the job's log
+    staged = job.output.count("FashionMNIST ready and verified")
+    nodes = 1 if name == "single_node.sbatch" else 2
+    assert staged == nodes, job.output  # the data went to node-local disk once per node
+    assert (runs / "last.pt").exists()  # the final checkpoint, in the shared folder
+    print(f"{name}: world size {world} on {nodes} node(s), {seconds:.1f} s from sbatch to the end")
+
+
+@pytest.mark.slow
+def test_scaling_array_writes_a_study_the_plot_reads(slurm, tmp_path):
+    study = tmp_path / "study"
+    job, seconds, _ = submit(slurm, "scaling_array.sbatch", tmp_path, *FIT, args=["--max-steps", "15"],
+                             env={"STUDY": str(study)})
+    assert job.returncode == 0, job.log
+    table = run([".venv/bin/python", "-m", "dpcourse.scaling", "table", study])
+    assert table.returncode == 0, table.stdout
+    rows = [line.split() for line in table.stdout.splitlines() if line.startswith(("strong", "weak"))]
+    assert [(r[0], r[1]) for r in rows] == [("strong", "1"), ("strong", "2"), ("weak", "1"), ("weak", "2")], table.stdout
+    assert "incomplete" not in table.stdout
+    print(f"scaling_array.sbatch: 4 array tasks, {seconds:.1f} s")
+
+
+def rank_pid(rank: int, job_marker: str, timeout: float = 60) -> int:
+    """The pid of the lab process whose RANK is ``rank`` and whose environment holds ``job_marker``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                env = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+                cmd = (proc / "cmdline").read_text()
+            except OSError:
+                continue
+            if "fashion_ddp.py" in cmd and env.get("RUNS") == job_marker and \
+                    env.get("RANK", env.get("SLURM_PROCID")) == str(rank) and "torchrun" not in cmd.split("\0")[0]:
+                return int(proc.name)
+        time.sleep(0.2)
+    raise AssertionError(f"no process of rank {rank} appeared within {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, options", [("multi_node.sbatch", FIT),
+                                           ("task_per_gpu.sbatch", [*FIT, "--ntasks-per-node=2", "--cpus-per-task=1"])])
+def test_a_dead_rank_ends_the_job_fast(slurm, name, options, tmp_path):
+    """Rank 3 is killed mid-training: the job fails within seconds, long before the collective
+    timeout (120 s here): srun --kill-on-bad-exit and torchrun end the others."""
+    runs = tmp_path / "runs"
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
+        SLURM_DIR / name, *options, args=["--epochs", "1", "--timeout", "120"], timeout=300, env={"RUNS": str(runs)})))
+    thread.start()
+    pid = rank_pid(3, str(runs))
+    deadline = time.monotonic() + 120
+    while not (runs / "log.jsonl").exists() or "epoch_start" not in (runs / "log.jsonl").read_text():
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(timeout=150)
+    ended = time.monotonic() - killed
+    job = result["job"]
+    assert job.returncode != 0, job.output
+    assert ended < 30, f"the job took {ended:.0f} s to end after rank 3 died"
+    assert "done" not in (runs / "log.jsonl").read_text()
+    print(f"{name}: rank 3 killed, job over {ended:.1f} s later (exit status {job.returncode})")
+
+
+@pytest.mark.slow
+def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path):
+    runs = tmp_path / "runs"
+    args = ["--max-steps", "80", "--checkpoint-every", "10", "--global-batch-size", "64", "--no-eval"]
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
+        SLURM_DIR / "cpu.sbatch", args=args, timeout=300, env={"RUNS": str(runs)})))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (runs / "last.pt").exists():
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.2)
+    ids = slurm.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
+    assert ids, "the job is not in the queue"
+    requeue = slurm.run(["scontrol", "requeue", ids[0]])
+    assert requeue.returncode == 0, requeue.stdout
+    # Slurm holds a requeued job back for two minutes (its begin time); once it is pending again,
+    # let it start now.
+    while "PENDING" not in slurm.run(["squeue", "--noheader", "--format=%T"]).stdout:
+        assert time.monotonic() < deadline, "the job did not go back to the queue"
+        time.sleep(0.2)
+    slurm.run(["scontrol", "update", f"JobId={ids[0]}", "StartTime=now"])
+    thread.join(timeout=280)
+    job = result["job"]
+    assert job.returncode == 0, job.output
+    records = read_log(runs / "log.jsonl")
+    resumed = [r for r in records if r["event"] == "resume"]
+    assert resumed and resumed[0]["step"] >= 10, records
+    assert records[-1]["event"] == "done" and records[-1]["step"] == 80
+    print(f"requeued at step {resumed[0]['step']}; finished at step 80")
+
+
+@pytest.mark.slow
+def test_jupyter_on_a_compute_node_prints_its_tunnel(slurm, tmp_path):
+    out = tmp_path / "jupyter.out"
+    sub = slurm.run(["sbatch", "--parsable", f"--output={out}", "--cpus-per-task=2", str(SLURM_DIR / "jupyter.sbatch")],
+                    env={"RUNS": str(tmp_path / "runs"), "LOGIN": "login.example.org"})
+    assert sub.returncode == 0, sub.stdout
+    job_id = sub.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 90
+        while not (out.exists() and (m := re.search(r"ssh -N -L 8888:(\S+):(\d+) \S+@login.example.org", out.read_text()))):
+            assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
+            time.sleep(0.5)
+        node, port = m.groups()
+        token = re.search(r"lab\?token=(\w+)", out.read_text()).group(1)
+        assert node in ("n1", "n2")
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while True:
+            try:
+                with direct.open(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=5) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.5)
+    finally:
+        slurm.run(["scancel", job_id])
