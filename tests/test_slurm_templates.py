@@ -124,8 +124,7 @@ def submit(slurm, name, tmp_path, *options, args=SHORT, timeout=240, env=None):
     ("single_node.sbatch", FIT, 2),
     ("multi_node.sbatch", FIT, 4),
     ("task_per_gpu.sbatch", [*FIT, "--ntasks-per-node=2", "--cpus-per-task=1"], 4),
-    ("cpu.sbatch", [], 4),
-])
+])  # cpu.sbatch runs (and is requeued) in test_a_requeued_job_resumes_from_its_checkpoint
 def test_template_runs_on_a_two_node_slurm(slurm, name, options, world, tmp_path):
     job, seconds, runs = submit(slurm, name, tmp_path, *options)
     assert job.returncode == 0, job.log + job.output
@@ -144,15 +143,15 @@ def test_template_runs_on_a_two_node_slurm(slurm, name, options, world, tmp_path
 @pytest.mark.slow
 def test_scaling_array_writes_a_study_the_plot_reads(slurm, tmp_path):
     study = tmp_path / "study"
-    job, seconds, _ = submit(slurm, "scaling_array.sbatch", tmp_path, *FIT, args=["--max-steps", "15"],
-                             env={"STUDY": str(study)})
+    job, seconds, _ = submit(slurm, "scaling_array.sbatch", tmp_path, *FIT, "--array=0-1", args=["--max-steps", "15"],
+                             env={"STUDY": str(study), "MODES": "weak"})  # weak K=1, 2: two array tasks
     assert job.returncode == 0, job.log
     table = run([".venv/bin/python", "-m", "dpcourse.scaling", "table", study])
     assert table.returncode == 0, table.stdout
     rows = [line.split() for line in table.stdout.splitlines() if line.startswith(("strong", "weak"))]
-    assert [(r[0], r[1]) for r in rows] == [("strong", "1"), ("strong", "2"), ("weak", "1"), ("weak", "2")], table.stdout
-    assert "incomplete" not in table.stdout
-    print(f"scaling_array.sbatch: 4 array tasks, {seconds:.1f} s")
+    assert [(r[0], r[1]) for r in rows] == [("weak", "1"), ("weak", "2")], table.stdout
+    assert "incomplete" not in table.stdout and "efficiency" in table.stdout
+    print(f"scaling_array.sbatch: 2 array tasks, {seconds:.1f} s")
 
 
 def rank_pid(rank: int, job_marker: str, timeout: float = 60) -> int:
@@ -178,8 +177,9 @@ def rank_pid(rank: int, job_marker: str, timeout: float = 60) -> int:
 @pytest.mark.parametrize("name, options", [("multi_node.sbatch", FIT),
                                            ("task_per_gpu.sbatch", [*FIT, "--ntasks-per-node=2", "--cpus-per-task=1"])])
 def test_a_dead_rank_ends_the_job_fast(slurm, name, options, tmp_path):
-    """Rank 3 is killed mid-training: the job fails within seconds, long before the collective
-    timeout (120 s here): srun --kill-on-bad-exit and torchrun end the others."""
+    """Rank 3 (on the second node) is killed mid-training: the job fails within seconds, long before
+    the collective timeout (120 s here). Under torchrun, its agent ends the node's other process;
+    srun --kill-on-bad-exit ends the rest."""
     runs = tmp_path / "runs"
     result = {}
     thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
@@ -204,7 +204,7 @@ def test_a_dead_rank_ends_the_job_fast(slurm, name, options, tmp_path):
 @pytest.mark.slow
 def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path):
     runs = tmp_path / "runs"
-    args = ["--max-steps", "80", "--checkpoint-every", "10", "--global-batch-size", "64", "--no-eval"]
+    args = ["--max-steps", "50", "--checkpoint-every", "10", "--global-batch-size", "64", "--no-eval"]
     result = {}
     thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
         SLURM_DIR / "cpu.sbatch", args=args, timeout=300, env={"RUNS": str(runs)})))
@@ -229,8 +229,9 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path):
     records = read_log(runs / "log.jsonl")
     resumed = [r for r in records if r["event"] == "resume"]
     assert resumed and resumed[0]["step"] >= 10, records
-    assert records[-1]["event"] == "done" and records[-1]["step"] == 80
-    print(f"requeued at step {resumed[0]['step']}; finished at step 80")
+    assert records[-1]["event"] == "done" and records[-1]["step"] == 50 and records[-1]["world_size"] == 4
+    assert job.output.count("resumed at step") == 1 and "DUE TO JOB REQUEUE" in job.output, job.output
+    print(f"cpu.sbatch on 2 nodes × 2 tasks: requeued at step {resumed[0]['step']}, finished at step 50")
 
 
 @pytest.mark.slow
@@ -259,3 +260,17 @@ def test_jupyter_on_a_compute_node_prints_its_tunnel(slurm, tmp_path):
                 time.sleep(0.5)
     finally:
         slurm.run(["scancel", job_id])
+
+
+def test_without_slurm_notebook_09_falls_back_to_the_committed_job(monkeypatch, tmp_path):
+    """A laptop without root or Slurm: no cluster, one reason, and the committed job's files are there."""
+    monkeypatch.setattr(localslurm, "unavailable", lambda: "the local Slurm cluster runs its daemons as root")
+    monkeypatch.setattr(localslurm.shutil, "which", lambda name: None)
+    cluster, why, stop = localslurm.for_notebook(tmp_path)
+    assert cluster is None and "as root" in why
+    stop()  # nothing to stop
+    results = ROOT / "results" / "09_cluster"
+    done = read_log(results / "log.jsonl")[-1]
+    assert done["event"] == "done" and done["world_size"] == 4 and done["test_images"] == 10_000
+    assert "slurm/multi_node.sbatch" in (results / "command.txt").read_text()
+    assert "[rank0]:step" in (results / "job.out").read_text()
