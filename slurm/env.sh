@@ -34,6 +34,9 @@ else
 fi
 
 # ---- Slurm ----------------------------------------------------------------------------------
+# Threads per process for PyTorch's CPU work: torchrun's own default (1), set here so that no
+# torchrun warns about it. The templates that know their processes per node set their own.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: pass it on explicitly.
 export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
 # The rendezvous: the job's first node hosts it, on a port derived from the job id, so that two

@@ -38,6 +38,7 @@ WRONG = {
             dist.all_reduce(total)
             total /= world_size""",
         "all_reduce's return value taken for the result": "p.grad = dist.all_reduce(p.grad)",
+        "each rank's own gradient divided, nothing sent": "p.grad /= world_size",
     },
     "B": {
         "flushed before the bucket is full (on every gradient)":
@@ -52,6 +53,10 @@ WRONG = {
         "flushed synchronously (no work to wait on)": """
             if bucket.waiting == 0:
                 dist.all_reduce(bucket.buffer)""",
+        "waited for at once (no overlap)": """
+            if bucket.waiting == 0:
+                bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
+                bucket.work.wait()""",
     },
 }
 

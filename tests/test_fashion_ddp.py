@@ -46,7 +46,9 @@ def single_process_accuracy(weights):
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-@pytest.mark.parametrize("nproc, batch", [(1, "128"), (2, "128"), (3, "126")])
+# 3 ranks: shards of 3,334/3,333/3,333 test images and a global batch of 3 × 42. Two ranks are checked by
+# notebook 05's exercise 3 (10,000 images counted) on the solution lab, in tests/test_exercises.py.
+@pytest.mark.parametrize("nproc, batch", [(3, "126")])
 def test_sharded_evaluation_counts_every_test_image_once(nproc, batch, tmp_path, fashion_root):
     weights = tmp_path / "w.pt"
     result, log = lab(nproc, "--max-steps", "15", "--global-batch-size", batch, "--save-model", weights)
@@ -57,14 +59,10 @@ def test_sharded_evaluation_counts_every_test_image_once(nproc, batch, tmp_path,
     assert done["replicas_max_diff"] == 0.0  # DDP kept the replicas identical
 
 
-def test_two_workers_equal_one_worker_with_the_same_global_batch(tmp_path, fashion_root):
-    common = ["--global-batch-size", "128", "--optimizer", "sgd", "--deterministic", "--max-steps", "50"]
-    one, _ = lab(1, *common, "--save-model", tmp_path / "one.pt")
-    two, _ = lab(2, *common, "--save-model", tmp_path / "two.pt")
-    assert one.returncode == 0 and two.returncode == 0, one.stdout + two.stdout
-    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    rel = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
-    assert rel <= 1e-5, f"max relative difference {rel:.2e}"
+# 2 workers = 1 worker with the same global batch (same weights), set_epoch's new order each epoch and
+# the torchvision DataLoader's batches = the in-memory loader's are what the checks of notebook 05's
+# exercise 3 and notebook 06's exercise 3 prove on the solution lab (tests/test_exercises.py runs them,
+# and feeds them the wrong answers): not repeated here.
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, fashion_root):
@@ -144,20 +142,7 @@ def test_a_dead_peer_without_restarts_ends_every_other_rank_quickly(tmp_path, fa
     assert "lost another rank in the middle of a collective" in out and "Traceback" not in out, out
 
 
-def test_memory_and_torchvision_loaders_visit_the_same_samples_in_order(fashion_root):
-    firsts = {}
-    for loader in ("memory", "torchvision"):
-        result, log = lab(2, "--loader", loader, "--workers", "0", "--max-steps", "3")
-        assert result.returncode == 0, result.stdout
-        firsts[loader] = [r["first_labels"] for r in log if r["event"] == "epoch_start"]
-    assert firsts["memory"] == firsts["torchvision"]
-
-
-def test_set_epoch_reshuffles_and_time_budget_stops(fashion_root):
-    result, log = lab(2, "--epochs", "2", "--time-budget", "600", "--max-steps", "470", "--log-every", "1000")
-    assert result.returncode == 0, result.stdout
-    starts = [r["first_labels"] for r in log if r["event"] == "epoch_start"]
-    assert len(starts) == 2 and starts[0] != starts[1]
+def test_time_budget_stops(fashion_root):
     result, log = lab(1, "--time-budget", "2")
     assert result.returncode == 0 and log[-1]["stop"] == "time_budget" and log[-1]["elapsed_s"] < 10
 

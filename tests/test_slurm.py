@@ -1,5 +1,9 @@
 """hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and on two, sbatch."""
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 import shlex
 
@@ -111,3 +115,20 @@ def test_a_task_that_dies_before_setup_is_named_by_rank0(slurm):
     assert done.returncode != 0 and time.perf_counter() - start < 20
     line = one_line(done.stdout)
     assert line.startswith("[rank 0] rank 1 of 2 did not join within 4 s") and "--kill-on-bad-exit=1" in line
+
+
+def test_the_clusters_daemons_end_when_their_starter_is_killed():
+    """A notebook's kernel killed (kill -9, or a restart) must not leave slurmd and friends behind:
+    the daemons are started with _end_with_parent, as this stand-in daemon is."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "from dpcourse.localslurm import _end_with_parent\n"
+         "d = subprocess.Popen(['sleep', '300'], start_new_session=True, preexec_fn=_end_with_parent)\n"
+         "print(d.pid, flush=True)\ntime.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    daemon = int(starter.stdout.readline())
+    os.kill(starter.pid, signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{daemon}") and "Z" not in open(f"/proc/{daemon}/stat").read().split()[2]:
+        assert time.monotonic() < deadline, "the daemon outlived the process that started it"
+        time.sleep(0.1)

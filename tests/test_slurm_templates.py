@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, run
 from dpcourse import localslurm
 from dpcourse.metrics import read_log
-from dpcourse.slurm import directives, dry_run, job_from
+from dpcourse.slurm import Job, analyse, describe, directives, dry_run, job_from
 
 SLURM_DIR = ROOT / "slurm"
 TEMPLATES = sorted(p.name for p in SLURM_DIR.glob("*.sbatch"))
@@ -104,6 +104,36 @@ def test_dry_run_names_what_does_not_add_up(what, tmp_path):
     assert any(message in p for p in result.problems), result.report()
     cli = run([ROOT / ".venv/bin/python", "-m", "dpcourse.slurm", "dry-run", wrong], cwd=tmp_path)
     assert cli.returncode == 1 and "✗" in cli.stdout and "Traceback" not in cli.stdout, cli.stdout
+
+
+def test_rendezvous_spellings_and_mistakes_in_a_launch_line():
+    job = Job("j", nodes=2, tasks_per_node=1, cpus_per_task=2, gpus_per_node=4)
+    line = ["--kill-on-bad-exit=1", "/c/.venv/bin/torchrun", "--nnodes=2", "--nproc-per-node=4"]
+    right = analyse([*line, "--rdzv_backend", "c10d", "--rdzv_endpoint=node001:20000", "lab.py"], job)
+    assert right.problems == [] and right.world_size == 8  # torchrun's underscore spellings count too
+    for rdzv, message in ((["--rdzv-endpoint=node001:20000"], "--rdzv-backend=static (the default)"),
+                          (["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29500"], "loopback"),
+                          (["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29500"], "loopback"),
+                          (["--rdzv-backend=c10d", "--rdzv-endpoint=login1:29500"], "login1 is not a node of this job")):
+        wrong = analyse([*line, *rdzv, "lab.py"], job)
+        assert any(message in p for p in wrong.problems), (rdzv, wrong.problems)
+    alone = analyse(["/c/.venv/bin/torchrun", "--standalone", "--nproc-per-node=4", "lab.py"], job)
+    assert describe(alone, job).endswith("2 separate worlds of size 4: ranks 0-3 on node001, 0-3 on node002")
+    told = analyse([*line[:2], "--nnodes=2", "--nproc-per-node=2", "lab.py"], Job("j", 4, 1, 2, 2))
+    assert "8 processes, but each torchrun is told of 2 node(s) (a world of 4)" in describe(told, Job("j", 4, 1, 2, 2))
+
+
+def test_dry_run_names_lost_lab_options_and_the_line_a_script_stopped_at(tmp_path):
+    shutil.copytree(SLURM_DIR, tmp_path / "slurm")
+    template = tmp_path / "slurm" / "multi_node.sbatch"
+    template.write_text(template.read_text().replace('"${LAB_ARGS[@]}" "$@"', '"${LAB_ARGS[@]}"'))
+    lost = dry_run(template, lab_args=["--max-steps", "60"], root=tmp_path)
+    assert any("(--max-steps 60) do not reach the lab" in p for p in lost.problems), lost.report()
+    stops = tmp_path / "slurm" / "stops.sbatch"
+    stops.write_text('#!/bin/bash\n#SBATCH --nodes=2\nset -euo pipefail\necho "procs: $SLURM_GPUS_PER_TASK"\n')
+    stopped = dry_run(stops, root=tmp_path)
+    assert stopped.problems[0].startswith("the script stopped with exit status 1: ") and \
+        "SLURM_GPUS_PER_TASK: unbound variable" in stopped.problems[0], stopped.report()
 
 
 # ---------------------------------------------------------------- a real Slurm

@@ -24,3 +24,13 @@ WRONG = {
             srun --kill-on-bad-exit=1 "${{PY[@]}}" {LAB}"""),
     },
 }
+WRONG[("09_cluster.ipynb", "exercise 1")].update({
+    "no --rdzv-backend: the static rendezvous, node rank 0 everywhere": Lab("first_job.sbatch", HINT, f"""
+        srun --kill-on-bad-exit=1 "${{TORCHRUN[@]}}" --nnodes="$SLURM_NNODES" --nproc-per-node="$SLURM_GPUS_ON_NODE" --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" {LAB}"""),
+    "the rendezvous on localhost": Lab("first_job.sbatch", HINT, f"""
+        srun --kill-on-bad-exit=1 "${{TORCHRUN[@]}}" --nnodes="$SLURM_NNODES" --nproc-per-node="$SLURM_GPUS_ON_NODE" --rdzv-backend=c10d --rdzv-endpoint=localhost:29500 --rdzv-id="$SLURM_JOB_ID" {LAB}"""),
+    'without "$@": the options given to the job are lost': Lab("first_job.sbatch", HINT, f"""
+        srun --kill-on-bad-exit=1 "${{TORCHRUN[@]}}" --nnodes="$SLURM_NNODES" --nproc-per-node="$SLURM_GPUS_ON_NODE" {RDZV} "$LAB" "${{LAB_ARGS[@]}}" """),
+    'without "${LAB_ARGS[@]}": no node-local data, checkpoints or log': Lab("first_job.sbatch", HINT, f"""
+        srun --kill-on-bad-exit=1 "${{TORCHRUN[@]}}" --nnodes="$SLURM_NNODES" --nproc-per-node="$SLURM_GPUS_ON_NODE" {RDZV} "$LAB" "$@" """),
+})

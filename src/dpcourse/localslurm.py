@@ -14,6 +14,7 @@ runs the tests, so that a job sees only what Slurm and the test give it.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shlex
@@ -97,7 +98,9 @@ class Cluster:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.conf = tmp / "slurm.conf"
-        self.env = {"SLURM_CONF": str(self.conf)}  # merge into a subprocess environment
+        # Merged into a subprocess environment. TMPDIR: the jobs' "node-local disk" (env.sh stages the
+        # data there) lies in the cluster's folder, and goes when the cluster stops.
+        self.env = {"SLURM_CONF": str(self.conf), "TMPDIR": str(tmp / "node-tmp")}
         self.python = sys.executable  # the venv python: jobs import dpcourse from it
 
     def run(self, cmd: list[str], timeout: float = 60, env: dict | None = None,
@@ -195,6 +198,15 @@ PartitionName=debug Nodes={NODES[0]},{NODES[1]} Default=YES MaxTime=INFINITE Sta
 """)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child should not load libraries
+
+
+def _end_with_parent() -> None:
+    """In a daemon, before it starts (Linux): SIGTERM when the process that started it ends, even
+    by SIGKILL (a notebook's kernel killed or restarted), so that no daemon outlives its cluster."""
+    _LIBC.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 @contextmanager
 def start(timeout: float = 30):
     """Start munged, slurmctld and a slurmd per node; yield a Cluster once every node is idle."""
@@ -203,7 +215,7 @@ def start(timeout: float = 30):
     _resolve_nodes()
     tmp = Path(tempfile.mkdtemp(prefix="dpcourse-slurm-"))
     tmp.chmod(0o755)  # munged wants its socket folder reachable by every user
-    for sub in ("state", *(f"spool-{n}" for n in NODES)):
+    for sub in ("state", "node-tmp", *(f"spool-{n}" for n in NODES)):
         (tmp / sub).mkdir()
     cluster, procs = Cluster(tmp), []
     try:
@@ -219,7 +231,7 @@ def start(timeout: float = 30):
             with open(tmp / f"{name}{'-' + args[-1] if name == 'slurmd' else ''}.log", "w") as log:
                 procs.append(subprocess.Popen([_exe(name), *args], env=clean_env(**cluster.env),
                                               cwd=tmp, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=_end_with_parent))
 
         daemon("munged", "-F", "--force", f"--key-file={key}", f"--socket={tmp}/munge.socket",
                f"--pid-file={tmp}/munged.pid", "--log-file=/dev/null",
@@ -318,8 +330,8 @@ def demo(lab_args=(), save: Path | None = None) -> int:
     t0 = time.monotonic()
     with start() as cluster:
         print(f"two-node Slurm up in {time.monotonic() - t0:.1f} s (config in {cluster.tmp}):")
-        print(cluster.run(["sinfo", "--Node", "--format=%N %T %c CPUs %G"]).stdout.rstrip())
-        print(f"$ sbatch --wait slurm/multi_node.sbatch {shlex.join(args)}", flush=True)
+        print(cluster.run(["sinfo", "--Node", "--format=%N %T %c %G"]).stdout.rstrip())
+        print(f"$ sbatch --wait {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}", flush=True)
         t1 = time.monotonic()
         runs = cluster.tmp / "runs"
         job = cluster.sbatch(template, *FIT, args=args, timeout=600, env={"RUNS": str(runs)})

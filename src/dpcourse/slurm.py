@@ -89,8 +89,8 @@ class Job:
                "SLURM_NTASKS_PER_NODE": str(self.tasks_per_node), "SLURM_CPUS_PER_TASK": str(self.cpus_per_task),
                "SLURM_JOB_NODELIST": f"node[001-{self.nodes:03d}]" if self.nodes > 1 else "node001",
                "SLURMD_NODENAME": "node001", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
-        if self.gpus_per_node:
-            env["SLURM_GPUS_ON_NODE"] = str(self.gpus_per_node)
+        if self.gpus_per_node:  # SLURM_GPUS_PER_NODE: what --gpus-per-node asked for; _ON_NODE: what the node got
+            env.update(SLURM_GPUS_ON_NODE=str(self.gpus_per_node), SLURM_GPUS_PER_NODE=str(self.gpus_per_node))
         if self.array_task is not None:
             env.update(SLURM_ARRAY_JOB_ID=str(JOB_ID), SLURM_ARRAY_TASK_ID=str(self.array_task),
                        SLURM_JOB_ID=str(JOB_ID + 1 + self.array_task))
@@ -134,6 +134,7 @@ class Step:
     program: str = ""            # torchrun | python | other
     world_size: int | None = None
     procs_per_node: int | None = None
+    nnodes: int | None = None    # the nodes a torchrun is told of (--nnodes; 1 with --standalone)
     trains: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -165,20 +166,28 @@ class DryRun:
                 lines.append("  → " + describe(step, j))
         if not self.training:
             lines.append("(no srun line starts a lab: nothing to count)")
-        lines += [f"✗ {p}" for p in self.problems] or ["✓ the numbers add up"]
+        lines += [f"✗ {p}" for p in self.problems] or (["✓ the numbers add up"] if self.training else [])
         return "\n".join(lines)
 
 
 def _option(words: list[str], *names: str) -> str | None:
-    """The value of --name=V / --name V / -x V in ``words`` (the last one given), or None."""
-    value = None
+    """The value of --name=V / --name V / -x V in ``words`` (the last one given), or None.
+    --rdzv_backend and --rdzv-backend are the same option (torchrun takes both spellings)."""
+    def spelled(word: str) -> str:
+        return word.replace("_", "-") if word.startswith("--") else word
+
+    value, names = None, [spelled(n) for n in names]
     for i, word in enumerate(words):
+        key, _, _ = word.partition("=")
         for name in names:
-            if word == name and i + 1 < len(words):
+            if spelled(word) == name and i + 1 < len(words):
                 value = words[i + 1]
-            elif word.startswith(name + "="):
+            elif "=" in word and spelled(key) == name:
                 value = word.split("=", 1)[1]
     return value
+
+
+LOOPBACK = ("localhost", "127.", "0.0.0.0", "::1")
 
 
 def analyse(argv: list[str], job: Job, direct: bool = False) -> Step:
@@ -209,7 +218,8 @@ def analyse(argv: list[str], job: Job, direct: bool = False) -> Step:
         words = program[names.index("torchrun") + 1:]
         standalone = "--standalone" in words
         nnodes = 1 if standalone else int(_option(words, "--nnodes") or 1)
-        nproc = _option(words, "--nproc-per-node", "--nproc_per_node") or "1"
+        step.nnodes = nnodes
+        nproc = _option(words, "--nproc-per-node") or "1"
         step.procs_per_node = int(nproc) if nproc.isdigit() else None
         step.trains = any(w.endswith(".py") for w in words)
         torchruns = step.nodes * step.tasks_per_node
@@ -224,9 +234,24 @@ def analyse(argv: list[str], job: Job, direct: bool = False) -> Step:
         elif nnodes != torchruns and not direct:
             step.problems.append(f"torchrun --nnodes={nnodes}, but srun starts {torchruns} torchrun(s), one per "
                                  f"node: --nnodes=\"$SLURM_NNODES\"")
-        if not standalone and nnodes > 1 and "--rdzv-endpoint" not in " ".join(words):
+        endpoint, backend = _option(words, "--rdzv-endpoint"), _option(words, "--rdzv-backend")
+        if not standalone and nnodes > 1 and endpoint is None:
             step.problems.append("torchrun across nodes without --rdzv-endpoint: they cannot find each other "
                                  "(--rdzv-backend=c10d --rdzv-endpoint=\"$MASTER_ADDR:$MASTER_PORT\")")
+        elif not standalone and nnodes > 1:
+            host = endpoint.rsplit(":", 1)[0].strip("[]") if ":" in endpoint else endpoint
+            if backend != "c10d":
+                step.problems.append(f"torchrun across nodes with --rdzv-backend={backend or 'static (the default)'}: "
+                                     "each node then needs its own --node-rank, or all of them take node rank 0. "
+                                     "--rdzv-backend=c10d: the torchruns agree on the ranks among themselves")
+            if host.startswith(LOOPBACK):
+                step.problems.append(f"--rdzv-endpoint={endpoint} is each node's own loopback address: every "
+                                     "node's torchrun waits at home and they never meet. The job's first node: "
+                                     "--rdzv-endpoint=\"$MASTER_ADDR:$MASTER_PORT\"")
+            elif host not in job.hosts:
+                step.problems.append(f"--rdzv-endpoint={endpoint}: {host} is not a node of this job "
+                                     f"({', '.join(job.hosts[:2])}{', …' if job.nodes > 2 else ''}). The job's first "
+                                     "node, from its node list: --rdzv-endpoint=\"$MASTER_ADDR:$MASTER_PORT\"")
     elif any(n.startswith("python") for n in names):
         step.program = "python"
         words = program[next(i for i, n in enumerate(names) if n.startswith("python")) + 1:]
@@ -252,11 +277,16 @@ def describe(step: Step, job: Job) -> str:
     """'2 nodes × 4 processes = world size 8: ranks 0-3 on node001, 4-7 on node002'."""
     k, per = step.world_size, step.procs_per_node
     hosts = job.hosts[:step.nodes]
-    where = ", ".join(f"{r * per}-{r * per + per - 1}" if per > 1 else f"{r * per}" for r in range(len(hosts)))
-    spans = [f"{a} on {h}" for a, h in zip(where.split(", "), hosts)]
-    shown = spans if len(spans) <= 4 else [*spans[:2], "…", spans[-1]]
+    alone = step.program == "torchrun" and step.nnodes == 1 and step.nodes > 1  # a separate world per node
+    spans = [f"{(a := 0 if alone else r * per)}{f'-{a + per - 1}' if per > 1 else ''} on {h}" for r, h in enumerate(hosts)]
+    ranks = "ranks " + ", ".join(spans if len(spans) <= 4 else [*spans[:2], "…", spans[-1]])
+    if alone:
+        return f"{step.nodes} torchruns, each alone on its node: {step.nodes} separate worlds of size {per}: {ranks}"
+    if step.program == "torchrun" and step.nnodes != step.nodes:
+        return (f"srun starts {step.nodes} torchrun(s) × {per} process(es) = {step.nodes * per} processes, but each "
+                f"torchrun is told of {step.nnodes} node(s) (a world of {k}): they do not form one group")
     how = f"{step.nodes} node(s) × {per} process(es) per node" + (" (torchrun)" if step.program == "torchrun" else " (srun tasks)")
-    return f"{how} = world size {k}: ranks " + ", ".join(shown)
+    return f"{how} = world size {k}: {ranks}"
 
 
 def dry_run(template: str | os.PathLike, sbatch_options=(), lab_args=(), root: Path | None = None) -> DryRun:
@@ -303,8 +333,15 @@ def dry_run(template: str | os.PathLike, sbatch_options=(), lab_args=(), root: P
         steps.append(step)
     problems = [p for s in steps for p in s.problems]
     if done.returncode:
-        problems.append(f"the script stopped with exit status {done.returncode} (its last lines are above)")
+        last = ([line for line in printed.splitlines() if line.strip()] or ["(it printed nothing)"])[-1]
+        problems.insert(0, f"the script stopped with exit status {done.returncode}: {last.strip()}")
     training = next((s for s in steps if s.trains), None)
+    if training is not None and lab_args:
+        lab_at = next((i for i, w in enumerate(training.argv) if w.endswith(".py")), 0)
+        given = [str(a) for a in lab_args]
+        if not any(training.argv[i:i + len(given)] == given for i in range(lab_at, len(training.argv))):
+            problems.append(f"the options given to the script ({shlex.join(given)}) do not reach the lab: "
+                            "end the launch line with \"$@\"")
     if training is not None and training.world_size == 1:
         problems.append("world size 1: one process, nothing is data-parallel")
     return DryRun(job, printed, steps, problems)
@@ -318,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, lab_args = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m dpcourse.slurm", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1].replace("``", "'"))
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("dry-run", help="print what a template would run, without submitting it")
     d.add_argument("template")
