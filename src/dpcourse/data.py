@@ -19,6 +19,12 @@ same. A truncated or corrupt file is reported by name and never used.
     .venv/bin/python -m dpcourse.data verify    # check what is there
     .venv/bin/python -m dpcourse.data fetch --from /shared/course/data --data-root "$TMPDIR/data"
                                                 # a node-local copy of a shared one (Slurm jobs)
+
+ImageNet-style trees and shards (notebook 10, dpcourse/images.py)::
+
+    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini   # 10 classes, 64 px JPEGs
+    .venv/bin/python -m dpcourse.data make-shards data/imagenet-mini data/imagenet-mini-shards
+    .venv/bin/python -m dpcourse.data stage data/imagenet-mini "$TMPDIR/imagenet"
 """
 from __future__ import annotations
 
@@ -298,19 +304,51 @@ def torchvision_fashion_mnist(root=None, train: bool = True, download: bool = Tr
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dpcourse.data", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["fetch", "verify", "where"])
-    parser.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: $DPCOURSE_DATA or <checkout>/data)")
-    parser.add_argument("--from", dest="source", default=None, metavar="DIR",
-                        help="fetch: copy from this data root first (e.g. a shared copy, to node-local disk)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, what in (("fetch", "stage FashionMNIST (from Debian's package, --from a copy, or the web)"),
+                       ("verify", "check the staged FashionMNIST"), ("where", "print FashionMNIST's folder")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: $DPCOURSE_DATA or <checkout>/data)")
+        if name == "fetch":
+            p.add_argument("--from", dest="source", default=None, metavar="DIR",
+                           help="copy from this data root first (e.g. a shared copy, to node-local disk)")
+    p = sub.add_parser("make-imagefolder", help="write a small, learnable ImageNet-style tree (train/, val/)")
+    p.add_argument("dest")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--per-class", type=int, default=20, help="training images per class")
+    p.add_argument("--val-per-class", type=int, default=10, help="validation images per class")
+    p.add_argument("--size", type=int, default=64, help="pixels (square)")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("make-shards", help="pack an ImageFolder tree into tar shards with an index")
+    p.add_argument("src")
+    p.add_argument("dest")
+    p.add_argument("--shard-size", type=int, default=1000, help="images per shard")
+    p = sub.add_parser("stage", help="copy a data root to node-local disk, unless an identical copy is there")
+    p.add_argument("src")
+    p.add_argument("dest")
     args = parser.parse_args(argv)
-    if args.source and not (Path(args.source) / "FashionMNIST" / "raw").is_dir():
+
+    if args.command in ("make-imagefolder", "make-shards", "stage"):
+        from . import images  # errors are CourseErrors: one line, exit status 1
+        if args.command == "make-imagefolder":
+            out = images.make_imagefolder(args.dest, args.classes, args.per_class, args.val_per_class,
+                                          args.size, args.seed)
+            print(f"{args.classes} classes × ({args.per_class} train + {args.val_per_class} val) images "
+                  f"of {args.size} px in {out}")
+        elif args.command == "make-shards":
+            out = images.make_shards(args.src, args.dest, args.shard_size)
+            print(f"tar shards of {args.shard_size} images in {out}")
+        else:
+            print(f"{args.src} staged in {images.stage(args.src, args.dest)}")
+        return 0
+    if getattr(args, "source", None) and not (Path(args.source) / "FashionMNIST" / "raw").is_dir():
         raise SystemExit(f"--from {args.source}: no FashionMNIST/raw/ there. Give the data root of a staged "
                          f"copy (the folder that holds FashionMNIST/), e.g. the course's data/.")
     if args.command == "where":
         print(raw_dir(args.data_root))
         return 0
     raw = ensure_fashion_mnist(args.data_root, download=args.command == "fetch", progress=None,
-                               source=args.source if args.command == "fetch" else None)
+                               source=getattr(args, "source", None))
     print(f"FashionMNIST ready and verified in {raw}")
     return 0
 

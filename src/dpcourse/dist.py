@@ -442,12 +442,14 @@ _inside_rank0_first = False  # nested blocks (a lab's around the data layer's) a
 
 
 @contextmanager
-def rank0_first():
+def rank0_first(local: bool = False):
     """Rank 0 runs the block first (download, unpack, cache); the others wait, then run it.
 
-    If rank 0 fails, it raises its own error and the other ranks exit quietly with status 1,
-    so the learner reads one message, not one traceback per rank. Without a process group,
-    or inside another ``rank0_first`` block, this is a plain block.
+    ``local=True``: the first process of *each node* (local rank 0) runs it first, the node's
+    others wait: one copy of the data per node-local disk. If one that goes first fails, it
+    raises its own error and the others exit quietly with status 1, so the learner reads one
+    message, not one traceback per rank. Without a process group, or inside another
+    ``rank0_first`` block, this is a plain block.
     """
     global _inside_rank0_first
     if _inside_rank0_first or not (dist.is_available() and dist.is_initialized()) \
@@ -455,8 +457,9 @@ def rank0_first():
         yield
         return
     _inside_rank0_first = True
+    first = (env_info().local_rank if local else dist.get_rank()) == 0
     try:
-        if dist.get_rank() == 0:
+        if first:
             try:
                 yield
             except BaseException:
@@ -465,7 +468,7 @@ def rank0_first():
             _all_ok(True)
         else:
             if not _all_ok(True):
-                raise SystemExit(1)  # rank 0 has printed why
+                raise SystemExit(1)  # the one that went first has printed why
             yield
     finally:
         _inside_rank0_first = False

@@ -1,0 +1,166 @@
+"""The ImageNet lab (solutions/labs/imagenet_ddp.py) and its data layer (dpcourse/images.py):
+a generated ImageFolder tree and its tar shards, node-local staging, 2 processes under torchrun
+and a two-node job of slurm/imagenet.sbatch on the real test Slurm, from folders and from shards,
+and a resumed run equal to an uninterrupted one."""
+import json
+import re
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, run, torchrun_cmd
+from dpcourse import images, localslurm
+from dpcourse.metrics import read_log
+
+LAB = ROOT / "solutions" / "labs" / "imagenet_ddp.py"
+# resnet18 on 48-px crops of the generated 64-px tree: 200 training and 100 validation images.
+SMALL = ["--arch", "resnet18", "--image-size", "48", "--batch-size", "16", "--workers", "1",
+         "--warmup-epochs", "1", "--lr", "0.1", "--label-smoothing", "0"]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """{'folders': root, 'shards': root}: the default tree of make-imagefolder, and its shards."""
+    top = tmp_path_factory.mktemp("imagenet")
+    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-imagefolder", top / "folders"])
+    assert made.returncode == 0 and "10 classes" in made.stdout, made.stdout
+    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-shards", top / "folders", top / "shards",
+                  "--shard-size", "50"])
+    assert packed.returncode == 0, packed.stdout
+    return {"folders": top / "folders", "shards": top / "shards"}
+
+
+def lab(nproc, *args, timeout=240):
+    """torchrun the lab; (CompletedProcess, rank 0's log records)."""
+    log = Path(args[args.index("--log-json") + 1]) if "--log-json" in args else None
+    result = run(torchrun_cmd(nproc, LAB, *args), timeout=timeout)
+    return result, read_log(log) if log and log.exists() else []
+
+
+# ------------------------------------------------------------------------------ the data layer
+def test_generated_tree_is_imagenet_shaped_and_reproducible(tree, tmp_path):
+    train = sorted(p.relative_to(tree["folders"]) for p in (tree["folders"] / "train").rglob("*.JPEG"))
+    val = list((tree["folders"] / "val").rglob("*.JPEG"))
+    assert len(train) == 200 and len(val) == 100
+    assert len({p.parent for p in train}) == 10  # one folder per class
+    again = images.make_imagefolder(tmp_path / "again", classes=10, per_class=2, val_per_class=1)
+    first = tree["folders"] / "train" / images.class_names(10)[3]
+    assert (again / "train" / first.name / "train_03_00001.JPEG").read_bytes() == \
+        (first / "train_03_00001.JPEG").read_bytes(), "the same arguments must write the same images"
+
+
+def test_shards_hold_every_image_once_with_its_label(tree):
+    for split in ("train", "val"):
+        folder = images.JpegFolder(tree["folders"] / split, train=False, size=32)
+        shards = images.TarShards(tree["shards"] / split, train=False, size=32)
+        assert shards.classes == folder.classes and len(shards) == len(folder)
+        by_bytes = {bytes(folder.read(i).numpy()): folder.targets[i] for i in range(len(folder))}
+        seen = [(bytes(shards.read(i).numpy()), shards.targets[i]) for i in range(len(shards))]
+        assert len({b for b, _ in seen}) == len(folder), f"{split}: an image is missing or twice"
+        assert all(by_bytes.get(b) == t for b, t in seen), f"{split}: a shard image has another label"
+        assert shards.targets[:10] != sorted(shards.targets[:10]) or len(set(shards.targets[:50])) > 1, \
+            "the shards are not shuffled: a shard would hold one class"
+    with tarfile.open(tree["shards"] / "train" / "shard-000000.tar") as tar:  # WebDataset's convention
+        names = tar.getnames()
+        assert names[:2] == ["train_00000000.jpg", "train_00000000.cls"] and len(names) == 100
+        label = int(tar.extractfile(names[1]).read())
+    assert label == images.TarShards(tree["shards"] / "train", True, 32).targets[0]
+
+
+def test_random_crops_depend_on_image_and_epoch_not_on_the_worker(tree):
+    a = images.JpegFolder(tree["folders"] / "train", train=True, size=32, seed=1)
+    b = images.JpegFolder(tree["folders"] / "train", train=True, size=32, seed=1)
+    b[5], b[9]  # another process would have loaded other images first
+    assert torch.equal(a[7][0], b[7][0])
+    a.set_epoch(1)
+    assert not torch.equal(a[7][0], b[7][0]), "epoch 1 must crop anew"
+    assert a[7][0].shape == (3, 32, 32) and a[7][0].dtype == torch.uint8
+
+
+def test_staging_copies_once_and_never_trusts_half_a_copy(tree, tmp_path):
+    dest = tmp_path / "local"
+    images.stage(tree["shards"], dest)
+    assert json.loads((dest / images.STAGED).read_text())["train/shard-000000.tar"] > 0
+    tar = dest / "train" / "shard-000000.tar"
+    stamp = tar.stat().st_mtime_ns
+    images.stage(tree["shards"], dest)
+    assert tar.stat().st_mtime_ns == stamp, "an identical copy was copied again"
+    (dest / images.STAGED).unlink()  # a job killed mid-copy leaves no marker
+    tar.write_bytes(b"half")
+    images.stage(tree["shards"], dest)
+    assert tar.read_bytes() == (tree["shards"] / "train" / "shard-000000.tar").read_bytes()
+
+
+def test_a_missing_or_empty_data_root_is_one_clear_message(tmp_path):
+    (tmp_path / "train").mkdir()
+    for root in (None, tmp_path):
+        args = ["--data-root", str(root)] if root else []
+        result, _ = lab(2, *SMALL, *args, timeout=120)
+        assert result.returncode != 0
+        ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]  # before torchrun's own report
+        assert "make-imagefolder data/imagenet-mini" in ranks and "Traceback" not in ranks, result.stdout
+        assert result.stdout.count("make-imagefolder data/imagenet-mini") == 1, "more than one rank said it"
+
+
+# ------------------------------------------------------------------------------- the lab
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["folders", "shards"])
+def test_two_processes_learn_and_count_every_validation_image_once(tree, layout, tmp_path):
+    result, log = lab(2, *SMALL, "--data-root", tree[layout], "--epochs", "4", "--log-json", tmp_path / "log.jsonl")
+    assert result.returncode == 0, result.stdout
+    done = log[-1]
+    assert done["event"] == "done" and done["world_size"] == 2 and done["step"] == 4 * 6, result.stdout
+    assert done["test_images"] == 100  # 50 per rank, none twice, none left out
+    assert done["data"] == {"folders": "JpegFolder", "shards": "TarShards"}[layout]
+    assert done["test_accuracy"] >= 0.4, f"no better than guessing (0.1): {done}"
+    assert done["test_top5"] >= done["test_accuracy"]
+    assert done["samples_per_s_per_worker"] * 2 == pytest.approx(done["samples_per_s"], abs=0.2)  # rounded to 0.1
+    assert 0 <= done["data_wait"] < 1 and done["flops_per_image"] > 1e8
+    assert [r["epoch"] for r in log if r["event"] == "epoch"] == [1, 2, 3, 4]
+    print(f"{layout}: top-1 {done['test_accuracy']:.2f}, top-5 {done['test_top5']:.2f}, "
+          f"{done['samples_per_s']:.0f} img/s, {done['elapsed_s']:.1f} s")
+
+
+@pytest.mark.slow
+def test_resume_mid_epoch_is_bit_identical_to_an_uninterrupted_run(tree, tmp_path):
+    common = [*SMALL, "--data-root", tree["folders"], "--epochs", "2", "--deterministic", "--no-eval"]
+    full, _ = lab(2, *common, "--save-model", tmp_path / "full.pt")
+    part, _ = lab(2, *common, "--max-steps", "8", "--checkpoint-dir", tmp_path / "ck")
+    rest, log = lab(2, *common, "--resume", tmp_path / "ck" / "last.pt", "--save-model", tmp_path / "resumed.pt",
+                    "--log-json", tmp_path / "log.jsonl")
+    assert full.returncode == part.returncode == rest.returncode == 0, full.stdout + part.stdout + rest.stdout
+    assert "resumed at step 8" in rest.stdout, rest.stdout  # mid-epoch 2: 6 steps per epoch
+    a, b = torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "resumed.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ended with other weights"
+    assert log[0]["event"] == "resume" and log[-1]["step"] == 12
+
+
+@pytest.mark.slow
+def test_synthetic_images_measure_compute_alone(tmp_path):
+    result, log = lab(1, "--synthetic", "--arch", "resnet18", "--image-size", "32", "--batch-size", "8",
+                      "--max-steps", "6", "--log-every", "3", "--classes", "10", "--log-json", tmp_path / "log.jsonl")
+    assert result.returncode == 0, result.stdout
+    assert log[-1]["data"] == "synthetic" and log[-1]["stop"] == "max_steps" and log[-1]["samples_per_s"] > 0
+    assert "test_accuracy" not in log[-1]
+
+
+# ------------------------------------------------------------------ on the two-node test Slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["folders", "shards"])
+def test_imagenet_template_runs_on_two_nodes(slurm, tree, layout, tmp_path):
+    runs, local = tmp_path / "runs", tmp_path / "local"
+    t0 = time.monotonic()
+    job = slurm.sbatch(ROOT / "slurm" / "imagenet.sbatch", *localslurm.FIT,
+                       args=[*SMALL, "--epochs", "2", "--batch-size", "8"],  # 4 ranks × 8
+                       timeout=300, env={"RUNS": str(runs), "IMAGENET": str(tree[layout]), "LOCAL_DATA": str(local)})
+    seconds = time.monotonic() - t0
+    assert job.returncode == 0, job.log + job.output
+    done = read_log(runs / "log.jsonl")[-1]
+    assert done["event"] == "done" and done["world_size"] == 4 and done["test_images"] == 100, job.output
+    assert "[rank0]:step 12: top-1" in job.output, job.output  # rank 0's last line, in the job's log
+    assert (local / images.STAGED).exists(), "the data was not staged to node-local disk"
+    assert (runs / "last.pt").exists()
+    print(f"imagenet.sbatch from {layout}: world size 4 on 2 nodes, {seconds:.1f} s from sbatch to the end")
