@@ -141,6 +141,7 @@ def student_notebook(nb):
     for cell in nb.cells:
         if BEGIN in cell.source:
             _clear_solutions(cell)
+        cell.metadata.pop("execution", None)  # when the solution last ran: noise in the learner's copy
     nb, _ = ClearOutput().preprocess(nb, {})
     nb.metadata.pop("widgets", None)  # saved widget state belongs to the executed solution
     return nb
