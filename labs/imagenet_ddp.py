@@ -20,6 +20,7 @@ Every line that exists because of distribution is marked `# DDP:`.
 """
 import argparse
 import math
+import multiprocessing as mp
 import os
 import time
 from datetime import timedelta
@@ -37,6 +38,10 @@ from dpcourse import dist as ddp_env
 from dpcourse.images import collate_bytes, decode_batch, image_dataset, normalize, stage
 from dpcourse.metrics import JsonLog
 
+# DataLoader workers start from a clean server process, not as forks of this one: a fork copies a
+# process whose other threads (gloo's, PyTorch's) may hold a lock that the child then waits on forever.
+WORKER_START = mp.get_context("forkserver")
+WORKER_START.set_forkserver_preload(["torch", "torchvision", "dpcourse.images"])  # imported once, not per worker
 REFERENCE_BATCH = 256  # --lr is the learning rate for this global batch (Goyal et al.: 0.1 per 256)
 # Dense bf16/fp16 tensor-core peaks in TFLOP/s, for the model FLOP utilisation (MFU) in the log.
 PEAK_TFLOPS = {"H200": 989, "H100 SXM": 989, "H100 80GB HBM3": 989, "H100 PCIe": 756, "H100": 756,
@@ -102,6 +107,7 @@ def make_datasets(args, env):
 def loader(args, dataset, batches, device):
     """A DataLoader over ``batches`` (lists of indices); decoding happens in its worker processes."""
     return DataLoader(dataset, batch_sampler=batches, num_workers=args.workers,
+                      multiprocessing_context=WORKER_START if args.workers else None,
                       pin_memory=device.type == "cuda", prefetch_factor=4 if args.workers else None,
                       collate_fn=None if args.decode_on == "workers" else collate_bytes)
 
@@ -242,6 +248,9 @@ def main(args):
         print(f"{args.arch}: {world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} "
               f"steps per epoch, {env.backend} on {device}, amp {log.common['amp']}, channels_last {channels_last}"
               + (f", resumed at step {progress['step']}" if resume else ""), flush=True)
+        if args.warmup_epochs >= args.epochs:
+            print(f"note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: the rate never "
+                  f"reaches {lr:g} and never decays. Give fewer warm-up epochs (Goyal et al.: 5 of 90).", flush=True)
 
     step, epoch = progress["step"], progress["epoch"]
     window = {"images": 0, "seconds": 0.0, "data_s": 0.0, "loss": torch.zeros((), device=device), "steps": 0}

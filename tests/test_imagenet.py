@@ -33,10 +33,10 @@ def tree(tmp_path_factory):
     return {"folders": top / "folders", "shards": top / "shards"}
 
 
-def lab(nproc, *args, timeout=240):
+def lab(nproc, *args, timeout=240, script=LAB):
     """torchrun the lab; (CompletedProcess, rank 0's log records)."""
     log = Path(args[args.index("--log-json") + 1]) if "--log-json" in args else None
-    result = run(torchrun_cmd(nproc, LAB, *args), timeout=timeout)
+    result = run(torchrun_cmd(nproc, script, *args), timeout=timeout)
     return result, read_log(log) if log and log.exists() else []
 
 
@@ -103,6 +103,15 @@ def test_a_missing_or_empty_data_root_is_one_clear_message(tmp_path):
         ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]  # before torchrun's own report
         assert "make-imagefolder data/imagenet-mini" in ranks and "Traceback" not in ranks, result.stdout
         assert result.stdout.count("make-imagefolder data/imagenet-mini") == 1, "more than one rank said it"
+
+
+def test_an_unfinished_exercise_of_the_learners_lab_is_one_line(tree):
+    """labs/imagenet_ddp.py as `make student` writes it: every rank meets the stub; rank 0 says where, once."""
+    result, _ = lab(2, *SMALL, "--data-root", tree["folders"], timeout=120, script=ROOT / "labs" / "imagenet_ddp.py")
+    assert result.returncode != 0
+    ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]
+    assert "Traceback" not in ranks and ranks.count("This exercise of the lab is not done yet") == 1, result.stdout
+    assert re.search(r'File "[^"]*imagenet_ddp.py", line \d+, in param_groups: Exercise: see the hint above', ranks)
 
 
 # ------------------------------------------------------------------------------- the lab

@@ -24,6 +24,12 @@ WRONG = {
             return [{"params": no_decay, "weight_decay": weight_decay}, {"params": decay, "weight_decay": 0.0}]"""),
         "the 1-D parameters left out of the optimiser": Lab("imagenet_ddp.py", GROUPS, """
             return [{"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": weight_decay}]"""),
+        "the lab's default typed in, not the argument": Lab("imagenet_ddp.py", GROUPS, """
+            decay = [p for p in model.parameters() if p.ndim > 1]
+            no_decay = [p for p in model.parameters() if p.ndim <= 1]
+            return [{"params": decay, "weight_decay": 1e-4}, {"params": no_decay, "weight_decay": 0.0}]"""),
+        "two lists, not two groups": Lab("imagenet_ddp.py", GROUPS, """
+            return [p for p in model.parameters() if p.ndim > 1], [p for p in model.parameters() if p.ndim <= 1]"""),
     },
     ("10_imagenet.ipynb", "exercise 2"): {
         "the k lowest scores": Lab("imagenet_ddp.py", TOPK, """
@@ -51,6 +57,10 @@ WRONG[("10_imagenet.ipynb", "exercise 3")] = {
         return images_per_s / gpus * flops_per_image / peak_tflops""",
     "the ratio inverted": """
         return peak_tflops * 1e12 / (images_per_s / gpus * flops_per_image)""",
+    "rounded to 3 decimals": """
+        return round(images_per_s / gpus * flops_per_image / (peak_tflops * 1e12), 3)""",
+    "GFLOP/s taken for TFLOP/s (1e9)": """
+        return images_per_s / gpus * flops_per_image / (peak_tflops * 1e9)""",
     "forward FLOPs only (a third of the training FLOPs)": """
         return images_per_s / gpus * flops_per_image / 3 / (peak_tflops * 1e12)""",
 }

@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -211,11 +212,24 @@ _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 
 def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
-    """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a traceback.
+    """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a traceback;
+    so is an unfinished exercise of a learner's lab, which every rank meets alike: rank 0 says it.
 
     (torch's own hook, installed by init_process_group around this one, adds the "[rankN]:" tag.)
     """
     text = str(err)
+    if isinstance(err, NotImplementedError) and text.startswith("Exercise:") \
+            and not os.environ.get("DPCOURSE_TRACEBACK"):
+        if env_info().rank == 0:
+            where = traceback.extract_tb(tb)[-1]
+            try:
+                path = os.path.relpath(where.filename)
+            except ValueError:
+                path = where.filename
+            print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
+                  "not done yet: complete it (its notebook's check says when it is right), or run the "
+                  "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
+        return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
@@ -468,7 +482,8 @@ def rank0_first(local: bool = False):
             _all_ok(True)
         else:
             if not _all_ok(True):
-                raise SystemExit(1)  # the one that went first has printed why
+                time.sleep(1.0)  # as stop() does: the one that went first ends first, and is named
+                raise SystemExit(1)  # it has printed why
             yield
     finally:
         _inside_rank0_first = False
