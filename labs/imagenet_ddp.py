@@ -209,6 +209,9 @@ def main(args):
         fake = (torch.randint(0, 256, (batch, 3, args.image_size, args.image_size), dtype=torch.uint8, device=device),
                 torch.randint(0, classes, (batch,), device=device))
 
+    if args.arch not in torchvision.models.list_models(torchvision.models):
+        ddp_env.stop(env, f"--arch {args.arch}: torchvision has no such model. Try resnet18, resnet50, "
+                     "resnext50_32x4d, ... (the names of torchvision.models.list_models()).")
     extra = {"zero_init_residual": True} if args.arch.startswith(("resnet", "resnext", "wide_resnet")) else {}
     model = torchvision.models.get_model(args.arch, weights=None, num_classes=classes, **extra)
     model = model.to(device, memory_format=fmt)

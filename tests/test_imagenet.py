@@ -105,6 +105,13 @@ def test_a_missing_or_empty_data_root_is_one_clear_message(tmp_path):
         assert result.stdout.count("make-imagefolder data/imagenet-mini") == 1, "more than one rank said it"
 
 
+def test_a_misspelt_architecture_is_one_line(tree):
+    result, _ = lab(2, *SMALL, "--data-root", tree["folders"], "--arch", "resnet-50", timeout=120)
+    ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]
+    assert result.returncode != 0 and "Traceback" not in ranks, result.stdout
+    assert ranks.count("--arch resnet-50: torchvision has no such model") == 1, result.stdout
+
+
 def test_an_unfinished_exercise_of_the_learners_lab_is_one_line(tree):
     """labs/imagenet_ddp.py as `make student` writes it: every rank meets the stub; rank 0 says where, once."""
     result, _ = lab(2, *SMALL, "--data-root", tree["folders"], timeout=120, script=ROOT / "labs" / "imagenet_ddp.py")
