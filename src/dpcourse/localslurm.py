@@ -130,6 +130,21 @@ class Cluster:
         job_id = int(m.group(1)) if m else None
         return Batch(done.returncode, self.output(job_id) if m else "", job_id, done.stdout)
 
+    def wait(self, job_id: int, timeout: float = 60) -> tuple[str, str]:
+        """Wait until slurmctld says job ``job_id`` has ended; its (state, exit code), e.g. ("COMPLETED", "0:0").
+        ``sbatch --wait`` may return at a requeue (it polls, and can see the first run end):
+        this asks for the job's last state instead."""
+        deadline = time.monotonic() + timeout
+        while True:
+            shown = self.run(["scontrol", "show", "job", "--oneliner", str(job_id)], timeout=10).stdout
+            state = re.search(r"JobState=(\S+)", shown)
+            code = re.search(r" ExitCode=(\S+)", shown)
+            if state and state.group(1) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                return state.group(1), code.group(1) if code else "?"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} has not ended after {timeout:.0f} s: {shown.strip()}")
+            time.sleep(0.5)
+
     def output(self, job_id: int) -> str:
         """A batch job's output file ('' if it has none yet)."""
         path = self.tmp / f"job-{job_id}.out"
