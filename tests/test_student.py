@@ -172,6 +172,7 @@ def learner_notebooks(folder: Path) -> None:
         code("print(y + 1)"),  # fails because exercise 2 is not done: not worth a warning
         code("def nothing():\n    ### BEGIN SOLUTION (hint: None)\n    return None\n    ### END SOLUTION"),
         check("# CHECK: exercise 5 (optional) — nothing\nassert nothing() is None"),
+        check("# CHECK: exercise 6 — needs a tool\nprint('○ not checked: no tool here (make tool)')"),
     ])
     nb = student_notebook(solution)
     stub = re.compile(r"# YOUR CODE HERE\n(?:\s*#.*\n)*\s*raise NotImplementedError\(.*\)")
@@ -198,7 +199,9 @@ def test_check_tells_a_learners_error_from_an_unfinished_exercise(tmp_path):
     assert "✓ 01_exercises.ipynb: exercise 4 — half — pass" in out
     # an optional exercise not done yet is listed, and counts neither way
     assert "○ 01_exercises.ipynb: exercise 5 (optional) — nothing — not done yet" in out
-    assert out.rstrip().endswith("1 of 4 exercises pass. (1 optional one not done.)")
+    # a check that could not run here (what it needs is not installed) is not a pass either
+    assert "○ 01_exercises.ipynb: exercise 6 — needs a tool — not checked: no tool here (make tool)" in out
+    assert out.rstrip().endswith("1 of 4 exercises pass. (2 optional or not checked: ○ above.)")
 
 
 def test_check_one_notebook_by_its_number(tmp_path):

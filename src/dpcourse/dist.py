@@ -70,7 +70,7 @@ def _tasks_per_node(spec: str, node_id: int) -> int:
 def env_info(environ: os._Environ | dict | None = None) -> DistEnv:
     """Read rank, local rank and world size from the variables of the launcher that started us.
 
-    Order: torchrun → ``mpirun`` → an ``srun`` job step → one process. The innermost launcher
+    Order: torchrun → horovodrun (gloo) → ``mpirun`` → an ``srun`` job step → one process. The innermost launcher
     wins: torchrun runs inside srun steps, and ``mpirun`` inside an sbatch job or an srun step
     starts its ranks through Slurm's helper steps, whose SLURM_* variables describe mpirun's
     daemons, not the MPI ranks. The batch script of an sbatch job has SLURM_PROCID but no
@@ -81,6 +81,10 @@ def env_info(environ: os._Environ | dict | None = None) -> DistEnv:
         world = int(e["WORLD_SIZE"])
         return DistEnv(int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world,
                        int(e.get("LOCAL_WORLD_SIZE", world)), "torchrun")
+    if "HOROVOD_RANK" in e and "HOROVOD_SIZE" in e:  # horovodrun --gloo (with MPI: OMPI_* below)
+        world = int(e["HOROVOD_SIZE"])
+        return DistEnv(int(e["HOROVOD_RANK"]), int(e.get("HOROVOD_LOCAL_RANK", 0)), world,
+                       int(e.get("HOROVOD_LOCAL_SIZE", world)), "horovodrun")
     if "OMPI_COMM_WORLD_RANK" in e:
         world = int(e["OMPI_COMM_WORLD_SIZE"])
         return DistEnv(int(e["OMPI_COMM_WORLD_RANK"]), int(e.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)),
@@ -241,6 +245,14 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
     fallback(kind, err, tb)
 
 
+def explain_errors() -> None:
+    """From now on, an unfinished exercise of a lab, or a collective whose peer died, ends this
+    rank with one line (rank 0's, for an exercise) instead of a traceback per rank. ``prepare``
+    calls it; a lab without ``prepare`` (Horovod's) calls it itself."""
+    if env_info().world_size > 1:
+        sys.excepthook = partial(_explain_lost_peer, fallback=sys.__excepthook__)
+
+
 def _resolve(host: str, seconds: float = 10.0) -> str | None:
     """The IP address of ``host``, or None if it does not resolve within ``seconds``."""
     answer: list[str] = []
@@ -392,7 +404,7 @@ def prepare(backend: str = "auto", device: str = "auto",
     except CourseError as err:  # every rank asked for the same thing: rank 0 says it
         stop(info, err.message)
     if info.world_size > 1:
-        sys.excepthook = partial(_explain_lost_peer, fallback=sys.__excepthook__)
+        explain_errors()
     if info.launcher == "none":  # one process: a private group on this machine
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(free_port())

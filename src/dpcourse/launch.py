@@ -3,6 +3,7 @@
     from dpcourse.launch import torchrun, lab
     run = torchrun(lab("hello"), nproc=2)            # streams "[rank0]: ..." lines as they come
     run.returncode, run.log                          # exit status, rank 0's JSON-lines log
+    run = horovodrun(lab("fashion_horovod"), nproc=2)  # the same, for a Horovod lab (make horovod)
 
 Each line a worker prints comes back tagged with its rank (torchrun's own ``--tee``). An
 interrupt (the notebook's stop button) or the timeout stops the whole process group, so no
@@ -89,25 +90,50 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     notebook can show what went wrong; check ``run.returncode`` (or call ``run_ok``).
     """
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
-    log_path = tmpdir / "log.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}",
            "--log-line-prefix-template=[rank${rank}]:"]
-    cmd += [str(script), *map(str, args)]
+    shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}"]  # what a learner would type
+    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=None)
+
+
+# horovodrun tags a rank's lines "[1]<stdout>:" (gloo) or "[1,1]<stderr>:" (MPI): made "[rank1]:".
+_HOROVOD_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+
+
+def horovodrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: float = 300,
+               log_json: bool = True, env: dict | None = None, echo: bool = True,
+               ranks: str | None = None, controller: str = "gloo") -> Run:
+    """Launch ``horovodrun --gloo -np nproc python script *args`` (``controller="mpi"``: ``--mpi``),
+    as ``torchrun`` does: the same ``Run``, each line tagged "[rankN]:". Horovod must be
+    installed (``make horovod``)."""
+    exe = Path(sys.executable).with_name("horovodrun")
+    if not exe.exists():
+        raise CourseError("Horovod is not installed in this environment: run `make horovod` in the course "
+                          "folder (it builds Horovod in about 3 minutes), then restart the kernel.")
+    tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
+    cmd = [str(exe), f"--{controller}", "-np", str(nproc), sys.executable]
+    shown = ["horovodrun", f"--{controller}", "-np", str(nproc), "python"]
+    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=_HOROVOD_TAG)
+
+
+def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag) -> Run:
+    """Run a launcher's command, stream its ranks' lines (tagged "[rankN]:"), collect rank 0's log."""
+    log_path = tmpdir / "log.jsonl"
+    cmd = [*cmd, str(script), *map(str, args)]
     if log_json:
         cmd += ["--log-json", str(log_path)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     # Set the threads per worker ourselves: torchrun's default is 1, with a warning banner.
     child_env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(nproc)))
     if echo:  # what a learner would type; the tagging and log flags are plumbing
-        shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", _relative(script), *map(str, args)]
-        print("$", shlex.join(shown), flush=True)
+        print("$", shlex.join([*shown, _relative(script), *map(str, args)]), flush=True)
 
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=child_env, start_new_session=True, bufsize=1)
     lines: list[str] = []
-    agent: list[str] = []  # torchrun's own lines: warnings and, on failure, its traceback
+    agent: list[str] = []  # the launcher's own lines: warnings and, on failure, its traceback
 
     # ranks="0": show rank 0's lines, but keep every rank's, so that a failure can be named
     shown_tags = None if ranks is None else tuple(f"[rank{r.strip()}]:" for r in str(ranks).split(","))
@@ -115,6 +141,9 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     def pump():
         for line in proc.stdout:
             line = line.rstrip("\n")
+            if untag is not None:
+                line = untag.sub(lambda m: f"[rank{m.group(1)}]:", line)
+                line = re.sub(r"\[\d+,\d+\]<std(?:out|err)>:$", "", line)  # mpirun's tag of an empty write
             if line.startswith("[rank"):
                 lines.append(line)
                 if echo and (shown_tags is None or line.startswith(shown_tags)):
@@ -136,24 +165,28 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     finally:
         reader.join(5)
         log = read_log(log_path) if log_path.exists() else []
-        shutil.rmtree(tmpdir, ignore_errors=True)  # torchrun's per-rank log files and ours
+        shutil.rmtree(tmpdir, ignore_errors=True)  # the launcher's per-rank log files and ours
     if proc.returncode != 0 and echo:
         hidden = [line for line in lines if shown_tags is not None and not line.startswith(shown_tags)]
         if hidden:  # the failing rank may be one we did not show: its last lines
             print("\n".join(hidden[-6:]), flush=True)
-        print(failure_summary(agent, proc.returncode), flush=True)
+        print(failure_summary(agent, proc.returncode, shown[0]), flush=True)
     return Run(cmd, proc.returncode, lines, log, time.perf_counter() - start, agent, echo)
 
 
-def failure_summary(agent_lines: list[str], returncode: int) -> str:
-    """One line instead of torchrun's ChildFailedError traceback: which rank failed first, how."""
+def failure_summary(agent_lines: list[str], returncode: int, launcher: str = "torchrun") -> str:
+    """One line instead of the launcher's traceback: which rank failed first, how."""
     text = "\n".join(agent_lines)
     m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
     if m:
         return (f"torchrun: rank {m.group(1)} failed first (exit code {m.group(2)}); the other ranks "
                 "were stopped. Its message is in the lines above.")
+    m = re.search(r"Process (\d+) exit with status code (-?\d+)", text)  # horovodrun --gloo
+    if m:
+        return (f"horovodrun: rank {m.group(1)} failed (exit code {m.group(2)}); the other ranks were "
+                "stopped. Its message is in the lines above.")
     tail = [line for line in agent_lines if line.strip()][-3:]
-    return f"torchrun exited with status {returncode}." + ("\n" + "\n".join(tail) if tail else "")
+    return f"{launcher} exited with status {returncode}." + ("\n" + "\n".join(tail) if tail else "")
 
 
 def _relative(path) -> str:
@@ -190,7 +223,7 @@ def run_ok(run: Run) -> Run:
 
 def _cause(lines: list[str]) -> str:
     """The last error a rank printed ('[rank1]: TypeError: ...'), else its last line: for a one-line verdict."""
-    said = [line for line in lines if line.split(":", 1)[-1].strip()]
+    said = [line for line in lines if line.split(":", 1)[-1].strip() not in ("", "Terminated", "Killed")]
     errors = [line for line in said if re.match(r"\[rank\d+\]:\s*[\w.]*(Error|Exception|Exit)\w*: ", line)]
     return (errors or said or [""])[-1].strip()
 
