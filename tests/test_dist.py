@@ -33,6 +33,9 @@ HELLO = ROOT / "solutions" / "labs" / "hello.py"
     ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0",
       "SLURM_STEP_NUM_TASKS": "1", "SLURM_LOCALID": "0"}, (3, 1, 4, 2, "mpi")),
+    # horovodrun --gloo (horovodrun --mpi sets the OMPI ones)
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+      "HOROVOD_CROSS_RANK": "0"}, (1, 1, 2, 2, "horovodrun")),
     ({}, (0, 0, 1, 1, "none")),
 ])
 def test_env_info(variables, expected):
