@@ -5,6 +5,7 @@
 #   make student   regenerate notebooks/ and labs/ from solutions/ (instructors)
 #   make check     run your notebooks and report which exercises pass; make check NB=01: notebook 01 only
 #   make slurm-demo  a two-node Slurm on this machine (as root), one multi-node job, then a clean stop
+#   make horovod   build Horovod into .venv (notebook 11; a few minutes; not part of make course)
 #
 # No GPU? On Linux, PyPI's torch brings 3.2 GB of CUDA libraries. On a fresh clone (or after
 # rm -rf .venv), take PyTorch's CPU-only wheels instead:
@@ -25,7 +26,7 @@ NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader
 LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}
 
-.PHONY: setup data course lab test student check slurm-demo clean
+.PHONY: setup data course lab test student check slurm-demo horovod clean
 
 setup: $(STAMP)
 
@@ -67,6 +68,12 @@ check: setup
 # slurm/multi_node.sbatch across both nodes, then a clean stop: how to try the templates on a laptop.
 slurm-demo: data
 	$(BIN)/python -m dpcourse.slurm demo
+
+# Horovod 0.28.1 from source, for the torch in .venv: gloo always, MPI where mpicxx is found
+# (Debian: apt-get install libopenmpi-dev), NCCL with HOROVOD_GPU_OPERATIONS=NCCL on GPU nodes.
+# tools/install_horovod.sh says why a CMake toolchain file is needed (C++14 vs torch's C++20).
+horovod: setup
+	FORCE=$(FORCE) HOROVOD_GPU_OPERATIONS=$(HOROVOD_GPU_OPERATIONS) tools/install_horovod.sh $(BIN)/python
 
 clean:
 	rm -rf build .pytest_cache

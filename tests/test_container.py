@@ -107,3 +107,18 @@ def test_runscript_starts_jupyterlab_on_the_port_given(parts, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("jupyter lab --no-browser --ip=0.0.0.0 --port=9999"), done.stdout
     assert done.stdout.rstrip().endswith("--ServerApp.token=x") and f"--ServerApp.root_dir={tmp_path}" in done.stdout
+
+
+def test_the_horovod_image_builds_on_the_course_image_and_its_test_runs_here():
+    """container/horovod.def: dpcourse.sif plus `make horovod`'s script; its %test, run here where
+    Horovod is built, passes."""
+    horovod_def = ROOT / "container" / "horovod.def"
+    part = sections(horovod_def.read_text())  # (spython parses docker bootstraps only)
+    header = dict(line.split(":", 1) for line in part["header"].splitlines() if ":" in line and not line.startswith("#"))
+    assert {k: v.strip() for k, v in header.items()} == {"Bootstrap": "localimage", "From": "dpcourse.sif"}
+    assert all((ROOT / line.split()[0]).exists() for line in part["files"].splitlines() if line.strip())
+    assert "tools/install_horovod.sh" in part["post"] and "HOROVOD_GPU_OPERATIONS=NCCL" in part["post"]
+    if not (VENV_BIN / "horovodrun").exists():
+        pytest.skip("Horovod is not built here (make horovod)")
+    done = subprocess.run(["bash", "-c", part["test"]], env=in_image_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Horovod 1 process(es): ok" in done.stdout, done.stdout + done.stderr
