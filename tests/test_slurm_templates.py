@@ -52,7 +52,7 @@ def test_every_template_sets_the_basics():
 # ---------------------------------------------------------------- dry runs
 @pytest.mark.parametrize("name, world, per_node", [("single_node.sbatch", 4, 4), ("multi_node.sbatch", 8, 4),
                                                     ("task_per_gpu.sbatch", 8, 4), ("cpu.sbatch", 4, 2),
-                                                    ("imagenet.sbatch", 8, 4)])
+                                                    ("imagenet.sbatch", 8, 4), ("horovod.sbatch", 8, 4)])
 def test_dry_run_of_a_template_adds_up(name, world, per_node):
     result = dry_run(SLURM_DIR / name)
     assert result.problems == [], result.report()

@@ -1,0 +1,135 @@
+"""The Horovod lab (solutions/labs/fashion_horovod.py) under horovodrun (gloo and MPI), mpirun and
+srun, against the DDP lab; `make horovod` builds Horovod. Skipped where Horovod is not installed,
+except in CI, which builds it (.ci/run) and so must run these."""
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, run, torchrun_cmd
+from dpcourse.metrics import read_log
+
+LAB = ROOT / "solutions" / "labs" / "fashion_horovod.py"
+DDP_LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
+HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    if importlib.util.find_spec("horovod") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI builds Horovod (.ci/run: make horovod): it is missing", pytrace=False)
+        pytest.skip("Horovod is not installed: make horovod")
+
+
+def launch(cmd, log, *args, timeout=240):
+    """Run a launcher command on a lab with --log-json; (CompletedProcess, rank 0's records)."""
+    done = run([*cmd, *map(str, args), "--log-json", log], timeout=timeout)
+    return done, (read_log(log) if Path(log).exists() else [])
+
+
+def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
+    """One epoch, the same data, seed and settings, on 2 processes: the test accuracies agree to 0.5 %."""
+    args = ["--epochs", "1", "--global-batch-size", "256", "--lr-scaling", "linear"]
+    hvd, hvd_log = launch([HOROVODRUN, "-np", "2", sys.executable, LAB], tmp_path / "hvd.jsonl", *args)
+    assert hvd.returncode == 0, hvd.stdout
+    ddp, ddp_log = launch(torchrun_cmd(2, DDP_LAB), tmp_path / "ddp.jsonl", *args)
+    assert ddp.returncode == 0, ddp.stdout
+    h, d = hvd_log[-1], ddp_log[-1]
+    assert h["framework"] == "horovod" and h["world_size"] == d["world_size"] == 2
+    assert h["test_images"] == 10_000 and h["replicas_max_diff"] == 0.0
+    assert h["step"] == d["step"] == 234 and h["peak_lr"] == d["peak_lr"] == 0.3
+    assert abs(h["test_accuracy"] - d["test_accuracy"]) <= 0.005, (h, d)
+    assert h["test_accuracy"] > 0.8, h
+    print(f"1 epoch, 2 processes: Horovod ({h['controller']}) {h['test_accuracy']:.4f} in {h['elapsed_s']:.1f} s, "
+          f"DDP {d['test_accuracy']:.4f} in {d['elapsed_s']:.1f} s")
+
+
+def test_gloo_and_mpi_controllers_and_mpirun_train_alike(tmp_path):
+    """The same 30 steps under horovodrun --gloo, horovodrun --mpi and plain mpirun: the same losses."""
+    args = [LAB, "--max-steps", "30", "--log-every", "10", "--no-eval"]
+    runs = {"gloo": [HOROVODRUN, "--gloo", "-np", "2", sys.executable],
+            "mpi": [HOROVODRUN, "--mpi", "-np", "2", sys.executable],
+            "mpirun": [*MPIRUN, "2", sys.executable]}
+    losses = {}
+    for name, cmd in runs.items():
+        done, log = launch(cmd, tmp_path / f"{name}.jsonl", *args)
+        assert done.returncode == 0, done.stdout
+        assert log[0]["controller"] == ("gloo" if name == "gloo" else "mpi"), log[0]
+        losses[name] = [r["train_loss"] for r in log if r["event"] == "train"]
+        assert len(losses[name]) == 3 and log[-1]["replicas_max_diff"] == 0.0
+    assert losses["gloo"] == pytest.approx(losses["mpi"], rel=1e-5) == losses["mpirun"], losses
+
+
+def test_one_process_equals_the_plain_optimizer(tmp_path):
+    """On one process Horovod's average is the gradient itself: the weights end equal to --no-hvd's."""
+    weights = {}
+    for name, extra in (("hvd", []), ("plain", ["--no-hvd"])):
+        done = run([sys.executable, LAB, "--max-steps", "15", "--no-eval", "--save-model", tmp_path / f"{name}.pt",
+                    *extra], timeout=120)
+        assert done.returncode == 0, done.stdout
+        weights[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
+    assert all(torch.equal(weights["hvd"][k], weights["plain"][k]) for k in weights["hvd"])
+    two = run([HOROVODRUN, "--gloo", "-np", "2", sys.executable, LAB, "--no-hvd", "--max-steps", "5"], timeout=60)
+    assert two.returncode != 0 and "--no-hvd trains without hvd.DistributedOptimizer: launch one process" in two.stdout
+
+
+def test_resume_broadcasts_rank0s_checkpoint(tmp_path):
+    """Stopped at step 10 and resumed (only rank 0 reads the checkpoint; the broadcasts share it):
+    the same weights as an uninterrupted run of 20 steps, and replicas still equal."""
+    base = [HOROVODRUN, "--gloo", "-np", "2", sys.executable, LAB, "--deterministic", "--no-eval", "--global-batch-size", "64"]
+    whole = run([*base, "--max-steps", "20", "--save-model", tmp_path / "whole.pt"], timeout=180)
+    assert whole.returncode == 0, whole.stdout
+    first = run([*base, "--max-steps", "10", "--checkpoint-dir", tmp_path / "ck"], timeout=180)
+    assert first.returncode == 0, first.stdout
+    second, log = launch([*base, "--max-steps", "20", "--checkpoint-dir", tmp_path / "ck", "--resume", "auto",
+                          "--save-model", tmp_path / "resumed.pt"], tmp_path / "log.jsonl")
+    assert second.returncode == 0 and "resumed at step 10" in second.stdout, second.stdout
+    assert log[0]["event"] == "resume" and log[-1]["replicas_max_diff"] == 0.0
+    a, b = (torch.load(tmp_path / f, weights_only=True) for f in ("whole.pt", "resumed.pt"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_learners_mistake_is_one_line_within_seconds():
+    start = time.monotonic()
+    done = run([HOROVODRUN, "--gloo", "-np", "2", sys.executable, LAB, "--global-batch-size", "7"], timeout=60)
+    assert done.returncode != 0 and time.monotonic() - start < 30
+    said = [line for line in done.stdout.splitlines() if "does not split into 2 equal per-worker batches" in line]
+    ranks = [line for line in done.stdout.splitlines() if line.startswith(("[0]", "[1]"))]
+    assert len(said) == 1 and not any("Traceback" in line for line in ranks), done.stdout  # (horovodrun has its own)
+
+
+def test_horovod_template_runs_under_srun(slurm, tmp_path):
+    """slurm/horovod.sbatch on the test cluster: srun --mpi=pmix starts the ranks, MPI inside Horovod
+    reads them from Slurm. One node × 2 tasks: the emulated nodes share one host, where two PMIx
+    servers of one job collide (a real cluster has one per host)."""
+    runs = tmp_path / "runs"
+    start = time.monotonic()
+    job = slurm.sbatch(ROOT / "slurm" / "horovod.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2",
+                       "--cpus-per-task=1", args=["--max-steps", "30", "--eval-every", "15", "--global-batch-size", "64"],
+                       timeout=240, env={"RUNS": str(runs)})
+    assert job.returncode == 0, job.log + job.output
+    done = read_log(runs / "log.jsonl")[-1]
+    assert done["event"] == "done" and done["world_size"] == 2 and done["controller"] == "mpi", job.output
+    assert done["test_images"] == 10_000 and done["replicas_max_diff"] == 0.0
+    assert "0: step 30: test accuracy" in job.output and (runs / "last.pt").exists()
+    print(f"horovod.sbatch: 1 node × 2 tasks under srun --mpi=pmix, {time.monotonic() - start:.1f} s")
+
+
+def test_make_horovod_is_idempotent_and_checks_the_build():
+    """`make horovod` on an installed Horovod: no rebuild, and horovodrun --check-build lists
+    PyTorch, gloo and (with libopenmpi-dev) MPI."""
+    if shutil.which("mpicxx") is None:
+        pytest.skip("no mpicxx (apt-get install libopenmpi-dev)")
+    done = run(["make", "horovod"], timeout=300)
+    assert done.returncode == 0, done.stdout
+    check = done.stdout[done.stdout.index("Available Frameworks"):]
+    assert "[X] PyTorch" in check and "[X] Gloo" in check and "[X] MPI" in check, check
