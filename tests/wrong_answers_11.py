@@ -1,0 +1,25 @@
+"""Plausible wrong answers to notebook 11's exercise (the Horovod lines of labs/fashion_horovod.py);
+tests/test_exercises.py checks that the notebook's check rejects each one."""
+from answers import Lab
+
+LAB = "fashion_horovod.py"
+EVAL = "sum the three totals over all ranks"
+WRAP = "wrap opt in Horovod's DistributedOptimizer"
+BCAST = "every rank starts from rank 0's optimizer state"
+EPOCH = "tell the sampler which epoch"
+
+WRONG = {
+    ("11_horovod.ipynb", "exercise 1"): {
+        "the totals averaged, not summed": Lab(LAB, EVAL, 'totals = hvd.allreduce(totals, op=hvd.Average, name="eval_totals")'),
+        "hvd.allreduce taken for in place (its result dropped)": Lab(LAB, EVAL, 'hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")'),
+        "the optimizer never wrapped": Lab(LAB, WRAP, "pass"),
+        "the gradients summed (op=hvd.Sum)": Lab(LAB, WRAP, """
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
+                                           backward_passes_per_step=args.accumulate, op=hvd.Sum)"""),
+        "no broadcasts": Lab(LAB, BCAST, "pass"),
+        "the weights first, then the optimizer state (Horovod's examples' order)": Lab(LAB, BCAST, """
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)"""),
+        "set_epoch forgotten": Lab(LAB, EPOCH, "pass"),
+    },
+}
