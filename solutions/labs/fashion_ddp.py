@@ -36,6 +36,7 @@ from dpcourse.data import InMemoryFashionMNIST, torchvision_fashion_mnist
 from dpcourse.metrics import JsonLog, StepTimer
 from dpcourse.models import FashionCNN
 from dpcourse.optim import LARS
+from dpcourse.options import Defaults  # --help with each option's default, once
 
 REFERENCE_BATCH = 128  # --lr is the learning rate for this global batch (see --lr-scaling)
 
@@ -423,22 +424,22 @@ def replica_spread(model, device):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=Defaults)
     p.add_argument("--data-root", default=None, help="FashionMNIST folder (default: $DPCOURSE_DATA or data/)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training set")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
     p.add_argument("--batch-size", type=int, default=None, help="per worker (global = this × world size)")
-    p.add_argument("--global-batch-size", type=int, default=128, help="split between the workers (default 128)")
+    p.add_argument("--global-batch-size", type=int, default=128, help="split between the workers")
     p.add_argument("--lr", type=float, default=0.15, help=f"learning rate at global batch {REFERENCE_BATCH}")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
                    help=f"scale --lr by (global batch / {REFERENCE_BATCH}) or its square root")
     p.add_argument("--warmup-epochs", type=float, default=0.75, help="linear warm-up, then linear decay to 0")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lars"])
-    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lars"], help="SGD with Nesterov momentum 0.9, AdamW or LARS")
+    p.add_argument("--weight-decay", type=float, default=5e-4, help="L2 penalty of the optimizer")
     p.add_argument("--width", type=int, default=16, help="channels of the first conv layer")
-    p.add_argument("--norm", default="group", choices=["group", "batch", "none"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--norm", default="group", choices=["group", "batch", "none"], help="normalisation layers of the CNN")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and the sampler's shuffling")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels in float64: bit-identical reruns and resumes")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once the test accuracy reaches this")
@@ -450,11 +451,11 @@ def parse_args(argv=None):
     p.add_argument("--resume", default=None, help="a checkpoint to resume from, or 'auto': CHECKPOINT_DIR/last.pt if there")
     p.add_argument("--log-json", default=None, help="rank 0 writes one JSON object per line here")
     p.add_argument("--save-model", default=None, help="rank 0 saves the final weights here")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"], help="auto: NCCL with a GPU per process, else gloo")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda:LOCAL_RANK when there are GPUs")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (GPUs with bf16, and CPUs)")
     p.add_argument("--no-ddp", action="store_true", help="one process without the DDP wrapper (overhead baseline)")
-    p.add_argument("--loader", default="memory", choices=["memory", "torchvision"])
+    p.add_argument("--loader", default="memory", choices=["memory", "torchvision"], help="the whole split in memory, or a DataLoader of PIL images")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (--loader torchvision)")
     p.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait for a peer")
     # notebooks 07-08: where the time goes, and how to send less

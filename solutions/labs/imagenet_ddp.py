@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from dpcourse import dist as ddp_env
 from dpcourse.images import collate_bytes, decode_batch, image_dataset, normalize, stage
 from dpcourse.metrics import JsonLog
+from dpcourse.options import Defaults  # --help with each option's default, once
 
 # DataLoader workers start from a clean server process, not as forks of this one: a fork copies a
 # process whose other threads (gloo's, PyTorch's) may hold a lock that the child then waits on forever.
@@ -405,7 +406,7 @@ def out_of_budget(args, step, elapsed, device):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Defaults)
     p.add_argument("--data-root", default=None, help="the folder with train/ and val/ (ImageFolder or shards)")
     p.add_argument("--stage-to", default=None, help="copy --data-root here first, once per node (node-local disk)")
     p.add_argument("--synthetic", action="store_true", help="random images made on the device: compute throughput only")
@@ -413,7 +414,7 @@ def parse_args(argv=None):
     p.add_argument("--classes", type=int, default=1000, help="classes with --synthetic")
     p.add_argument("--arch", default="resnet50", help="a torchvision model name (resnet18, resnet50, ...)")
     p.add_argument("--image-size", type=int, default=224, help="training crop (validation: the central crop)")
-    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--epochs", type=int, default=90, help="passes over the training set")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
     p.add_argument("--batch-size", type=int, default=None, help="per worker (global = this × world size)")
@@ -424,7 +425,7 @@ def parse_args(argv=None):
                    help=f"linear: --lr × global batch / {REFERENCE_BATCH} (Goyal et al.)")
     p.add_argument("--warmup-epochs", type=float, default=5, help="linear warm-up, then cosine decay to 0")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="on conv and linear weights only")
-    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--label-smoothing", type=float, default=0.1, help="of the cross-entropy loss")
     p.add_argument("--amp", default="auto", choices=["auto", "off", "bf16", "fp16"],
                    help="mixed precision; auto: bf16 on GPUs that have it, off on CPUs")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
@@ -432,7 +433,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes per rank")
     p.add_argument("--decode-on", default="workers", choices=["workers", "device"],
                    help="decode JPEGs in the loader's workers, or batched on the GPU (nvJPEG)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="initial weights and the sampler's shuffling")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels: bit-identical reruns and resumes")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once top-1 reaches this")
     p.add_argument("--no-eval", action="store_true", help="never validate (throughput runs)")
@@ -442,8 +443,8 @@ def parse_args(argv=None):
     p.add_argument("--resume", default=None, help="a checkpoint to resume from, or 'auto': CHECKPOINT_DIR/last.pt if there")
     p.add_argument("--log-json", default=None, help="rank 0 writes one JSON object per line here")
     p.add_argument("--save-model", default=None, help="rank 0 saves the final weights here")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"], help="auto: NCCL with a GPU per process, else gloo")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda:LOCAL_RANK when there are GPUs")
     p.add_argument("--no-ddp", action="store_true", help="one process without the DDP wrapper (overhead baseline)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's peak, for MFU (default: from a table)")
     p.add_argument("--timeout", type=float, default=120, help="seconds a collective may wait for a peer")

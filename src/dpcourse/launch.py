@@ -157,8 +157,10 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        raise CourseError(f"The run took longer than {timeout:.0f} s and was stopped (every rank). "
-                          "Give it a larger timeout= or fewer --max-steps.") from None
+        raise CourseError(f"The run took longer than {timeout:.0f} s and was stopped (every rank). If it should "
+                          "have ended sooner, a rank may be waiting in a collective that another rank never "
+                          "calls (a hang: a collective under `if rank == 0:`, say); otherwise give it a larger "
+                          "timeout= or fewer --max-steps.") from None
     except KeyboardInterrupt:
         _stop(proc)
         raise CourseError("Interrupted: every rank of the run was stopped.") from None
@@ -221,10 +223,15 @@ def run_ok(run: Run) -> Run:
     return run
 
 
+# What the other ranks say once one has failed: the first rank's error is the cause, not these.
+_ECHOES = ("Horovod has been shut down", "lost another rank")
+
+
 def _cause(lines: list[str]) -> str:
     """The last error a rank printed ('[rank1]: TypeError: ...'), else its last line: for a one-line verdict."""
     said = [line for line in lines if line.split(":", 1)[-1].strip() not in ("", "Terminated", "Killed")]
-    errors = [line for line in said if re.match(r"\[rank\d+\]:\s*[\w.]*(Error|Exception|Exit)\w*: ", line)]
+    errors = [line for line in said if re.match(r"\[rank\d+\]:\s*[\w.]*(Error|Exception|Exit)\w*: ", line)
+              and not any(echo in line for echo in _ECHOES)]
     return (errors or said or [""])[-1].strip()
 
 
