@@ -13,6 +13,9 @@ WRONG = {
         "the totals averaged, not summed": Lab(LAB, EVAL, 'totals = hvd.allreduce(totals, op=hvd.Average, name="eval_totals")'),
         "hvd.allreduce taken for in place (its result dropped)": Lab(LAB, EVAL, 'hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")'),
         "the optimizer never wrapped": Lab(LAB, WRAP, "pass"),
+        "the wrapper built but not assigned (opt stays the plain optimizer)": Lab(LAB, WRAP, """
+            hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
+                                     backward_passes_per_step=args.accumulate, op=hvd.Average)"""),
         "the gradients summed (op=hvd.Sum)": Lab(LAB, WRAP, """
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                            backward_passes_per_step=args.accumulate, op=hvd.Sum)"""),

@@ -2,7 +2,7 @@
 
     horovodrun -np 2 python solutions/labs/fashion_horovod.py          # two processes here (gloo or MPI)
     horovodrun --gloo -np 2 python solutions/labs/fashion_horovod.py   # gloo: no MPI needed
-    mpirun -np 2 python solutions/labs/fashion_horovod.py              # two Open MPI ranks
+    mpirun -np 2 python solutions/labs/fashion_horovod.py              # two Open MPI ranks (as root: --allow-run-as-root)
     srun --mpi=pmix python solutions/labs/fashion_horovod.py           # Slurm tasks (slurm/horovod.sbatch)
     python solutions/labs/fashion_horovod.py                           # one process
 
@@ -30,6 +30,7 @@ from dpcourse import dist as ddp_env
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.metrics import JsonLog
 from dpcourse.models import FashionCNN
+from dpcourse.options import Defaults  # --help with each option's default, once
 
 REFERENCE_BATCH = 128  # --lr is the learning rate for this global batch (see --lr-scaling)
 
@@ -142,6 +143,9 @@ def main(args):
     batch, global_batch = batch_sizes(args)
     if args.no_hvd and world_size > 1:
         stop("--no-hvd trains without hvd.DistributedOptimizer: launch one process.")
+    if args.adasum and not hvd.mpi_enabled():
+        stop("--adasum needs Horovod's MPI controller: launch with mpirun or horovodrun --mpi "
+             "(and a Horovod built with MPI: horovodrun --check-build lists it).")
     if batch % args.accumulate:
         stop(f"--accumulate {args.accumulate} does not split the per-worker batch {batch} into equal "
              f"micro-batches: use a batch that is a multiple of {args.accumulate}.")
@@ -337,22 +341,22 @@ def replica_spread(model):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=Defaults)
     p.add_argument("--data-root", default=None, help="FashionMNIST folder (default: $DPCOURSE_DATA or data/)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training set")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
     p.add_argument("--batch-size", type=int, default=None, help="per worker (global = this × world size)")
-    p.add_argument("--global-batch-size", type=int, default=128, help="split between the workers (default 128)")
+    p.add_argument("--global-batch-size", type=int, default=128, help="split between the workers")
     p.add_argument("--lr", type=float, default=0.15, help=f"learning rate at global batch {REFERENCE_BATCH}")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
                    help=f"scale --lr by (global batch / {REFERENCE_BATCH}) or its square root")
     p.add_argument("--warmup-epochs", type=float, default=0.75, help="linear warm-up, then linear decay to 0")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
-    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"], help="SGD with Nesterov momentum 0.9, or AdamW")
+    p.add_argument("--weight-decay", type=float, default=5e-4, help="L2 penalty of the optimizer")
     p.add_argument("--width", type=int, default=16, help="channels of the first conv layer")
-    p.add_argument("--norm", default="group", choices=["group", "batch", "none"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--norm", default="group", choices=["group", "batch", "none"], help="normalisation layers of the CNN")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and the sampler's shuffling")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels in float64")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once the test accuracy reaches this")
     p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (default: each epoch)")
@@ -363,7 +367,7 @@ def parse_args(argv=None):
     p.add_argument("--resume", default=None, help="a checkpoint to resume from, or 'auto': CHECKPOINT_DIR/last.pt if there")
     p.add_argument("--log-json", default=None, help="rank 0 writes one JSON object per line here")
     p.add_argument("--save-model", default=None, help="rank 0 saves the final weights here")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda:LOCAL_RANK when there are GPUs")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (GPUs with bf16, and CPUs)")
     p.add_argument("--accumulate", type=int, default=1,
                    help="split each worker's batch into N micro-batches; allreduce once per step "
