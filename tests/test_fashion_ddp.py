@@ -1,6 +1,7 @@
 """The DDP lab, solutions/labs/fashion_ddp.py, through real torchrun runs on the real FashionMNIST."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -115,7 +116,7 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
     os.kill(pid, signal.SIGKILL)
     out = proc.communicate(timeout=240)[0]
     assert proc.returncode == 0, out
-    assert "resumed at step 100" in out
+    assert re.search(r"resumed at step [1-9]\d*00\b", out), out  # the last checkpoint before the kill (100 unless slow)
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["event"] == "resume"] == [100], "the restart left no record in the log"
     assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.90 and log[-1]["stop"] == "target_accuracy"

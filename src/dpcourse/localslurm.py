@@ -181,7 +181,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={tmp}/munge.socket
+AuthInfo=socket={tmp}/munge.socket,cred_expire=10
 StateSaveLocation={tmp}/state
 SlurmdSpoolDir={tmp}/spool-%n
 SlurmctldPidFile={tmp}/slurmctld.pid
