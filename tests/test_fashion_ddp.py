@@ -116,9 +116,11 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
     os.kill(pid, signal.SIGKILL)
     out = proc.communicate(timeout=240)[0]
     assert proc.returncode == 0, out
-    assert re.search(r"resumed at step [1-9]\d*00\b", out), out  # the last checkpoint before the kill (100 unless slow)
+    # The last checkpoint before the kill: step 100 on a quiet machine, 200 or later under load.
+    resumed = re.search(r"resumed at step ([1-9]\d*00)\b", out)
+    assert resumed, out
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log if r["event"] == "resume"] == [100], "the restart left no record in the log"
+    assert [r["step"] for r in log if r["event"] == "resume"] == [int(resumed[1])], "the restart left no record in the log"
     assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.90 and log[-1]["stop"] == "target_accuracy"
 
 
