@@ -213,9 +213,8 @@ def run_check(nb, check, exercise, answer=None, prefix=None, key=None):
     os.chdir(ROOT / "solutions")
     if isinstance(answer, Lab):  # the check runs a lab: give it a copy with the wrong region
         labs = tempfile.mkdtemp(prefix="wrong-labs-")
-        for path in (ROOT / "solutions" / "labs").iterdir():  # .py labs and .sbatch job scripts
-            if path.is_file():
-                shutil.copy(path, labs)
+        shutil.copytree(ROOT / "solutions" / "labs", labs, dirs_exist_ok=True,  # labs, job scripts, bugs/
+                        ignore=shutil.ignore_patterns("__pycache__"))
         target = os.path.join(labs, answer.file)
         with open(target) as f:
             text = f.read()

@@ -1,5 +1,6 @@
 """Single-source exercises: notebooks/ and labs/ are generated from solutions/ and leak nothing;
 `make check` tells a learner where each exercise stands."""
+import json
 import re
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.course import BEGIN, END, generate_student, student_notebook, student_script
+from dpcourse.course import BEGIN, END, generate_student, lab_files, student_notebook, student_script
 
 pytest.importorskip("nbgrader")
 
@@ -28,9 +29,6 @@ def solution_lines(text: str) -> set[str]:
     return inside - outside
 
 
-def lab_files(folder: Path) -> list[Path]:
-    """The labs: Python labs and Slurm job scripts."""
-    return [p for p in folder.iterdir() if p.suffix in (".py", ".sbatch")]
 
 
 def sources(folder: Path) -> dict[str, str]:
@@ -39,7 +37,7 @@ def sources(folder: Path) -> dict[str, str]:
         nb = nbformat.read(path, as_version=4)
         out[path.name] = "\n".join(cell.source for cell in nb.cells)
     for path in sorted(lab_files(folder / "labs")) if (folder / "labs").exists() else []:
-        out["labs/" + path.name] = path.read_text()
+        out["labs/" + path.relative_to(folder / "labs").as_posix()] = path.read_text()
     return out
 
 
@@ -58,9 +56,12 @@ def generated(tmp_path_factory):
 
 
 def test_committed_student_copies_are_up_to_date(generated):
-    for kind, pattern in (("notebooks", "*.ipynb"), ("labs", "*.py")):
-        fresh = {p.name: p.read_bytes() for p in (generated / kind).glob(pattern)}
-        committed = {p.name: p.read_bytes() for p in (ROOT / kind).glob(pattern)}
+    def files(top: Path, kind: str) -> list[Path]:  # labs/ has subfolders (labs/bugs/)
+        return lab_files(top / kind) if kind == "labs" else sorted((top / kind).glob("*.ipynb"))
+
+    for kind in ("notebooks", "labs"):
+        fresh = {p.relative_to(generated).as_posix(): p.read_bytes() for p in files(generated, kind)}
+        committed = {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in files(ROOT, kind)}
         assert fresh.keys() == committed.keys(), f"{kind}/ has other files than `make student` makes"
         stale = [name for name in fresh if fresh[name] != committed[name]]
         assert not stale, f"{kind}/ is out of date ({stale}): run `make student` and commit"
@@ -82,7 +83,7 @@ def test_no_marker_and_no_solution_code_leaks(generated):
     for path in lab_files(generated / "labs"):
         text = path.read_text()
         assert "BEGIN SOLUTION" not in text
-        assert not [line for line in solution_lines(solutions["labs/" + path.name]) if line in text]
+        assert not [line for line in solution_lines(solutions["labs/" + path.relative_to(generated / "labs").as_posix()]) if line in text]
 
 
 def test_student_notebooks_have_no_outputs_and_stubs_with_hints(generated):
@@ -125,7 +126,7 @@ def test_stub_puts_the_hint_on_wrapped_comment_lines_keeping_indentation():
 
 
 def test_every_generated_stub_line_fits_the_editor(generated):
-    texts = {**sources(generated / "notebooks"), **{p.name: p.read_text() for p in lab_files(generated / "labs")}}
+    texts = {**sources(generated / "notebooks"), **{p.relative_to(generated).as_posix(): p.read_text() for p in lab_files(generated / "labs")}}
     blocks = [(name, block) for name, text in texts.items() for block in stub_blocks(text)]
     assert len(blocks) >= 2, "notebook 01's two exercises should be stubs"
     long = [(name, line) for name, block in blocks for line in block if len(line) > 100]
@@ -249,3 +250,15 @@ def test_make_student_keeps_a_learners_edited_copy(tmp_path):
     assert "# my answer" in work.read_text()
     forced = run([sys.executable, "-m", "dpcourse.course", "student", "--force"], cwd=clone)
     assert forced.returncode == 0 and "# my answer" not in work.read_text()
+
+
+def test_make_course_writes_each_notebooks_time_for_the_instructor_guide(tmp_path, capsys):
+    from dpcourse.course import run_course
+
+    (tmp_path / "nb").mkdir()
+    for name, source in (("00_ok.ipynb", "print(1)"), ("01_fails.ipynb", "raise ValueError('no')")):
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)]), tmp_path / "nb" / name)
+    assert run_course(tmp_path / "nb", tmp_path / "out") == 1
+    times = json.loads((tmp_path / "out" / "times.json").read_text())
+    assert times["00_ok.ipynb"]["status"] == "ok" and 0 < times["00_ok.ipynb"]["seconds"] < 60
+    assert times["01_fails.ipynb"]["status"].startswith("FAILED") and "ValueError" in times["01_fails.ipynb"]["status"]

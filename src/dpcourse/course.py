@@ -21,6 +21,7 @@ count against the learner until it is attempted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -89,7 +90,10 @@ def run_course(folder: Path, out: Path) -> int:
     for name, seconds, status in rows:
         print(f"{name:<{width}}  {seconds:7.1f}  {status}")
     failed = sum(status != "ok" for _, _, status in rows)
-    print(f"\n{len(rows) - failed} of {len(rows)} notebooks ran; executed copies in {out}/")
+    # What docs/instructor.md builds its schedules from: the machine time of each notebook.
+    (out / "times.json").write_text(json.dumps({name: {"seconds": round(seconds, 1), "status": status}
+                                                for name, seconds, status in rows}, indent=1) + "\n")
+    print(f"\n{len(rows) - failed} of {len(rows)} notebooks ran; executed copies and times.json in {out}/")
     return 1 if failed or not rows else 0
 
 
@@ -169,6 +173,11 @@ def _edited_copies(top: Path) -> list[str]:
     return [line[3:] for line in out.splitlines() if line[:2].strip() and not line.startswith("??")]
 
 
+def lab_files(folder: Path) -> list[Path]:
+    """The labs under ``folder``, its subfolders included (labs/bugs/): Python labs and Slurm job scripts."""
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".sbatch") and "__pycache__" not in p.parts)
+
+
 def generate_student(src: Path, dest: Path) -> list[Path]:
     """Write ``dest/notebooks/*.ipynb`` and ``dest/labs/*.py``, ``*.sbatch`` from ``src`` (= solutions/)."""
     written = []
@@ -179,8 +188,9 @@ def generate_student(src: Path, dest: Path) -> list[Path]:
         target = dest / "notebooks" / path.name
         nbformat.write(nb, target)
         written.append(target)
-    for path in sorted(p for p in (src / "labs").iterdir() if p.suffix in (".py", ".sbatch")):
-        target = dest / "labs" / path.name
+    for path in lab_files(src / "labs"):
+        target = dest / "labs" / path.relative_to(src / "labs")
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(student_script(path.read_text(), shell=path.suffix == ".sbatch"))
         target.chmod(path.stat().st_mode & 0o777)
         written.append(target)
