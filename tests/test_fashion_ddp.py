@@ -142,7 +142,7 @@ def test_a_dead_peer_without_restarts_ends_every_other_rank_quickly(tmp_path, fa
     start = time.perf_counter()
     out = procs[0].communicate(timeout=60)[0]
     assert procs[0].returncode != 0 and time.perf_counter() - start < 20
-    assert "lost another rank in the middle of a collective" in out and "Traceback" not in out, out
+    assert "lost another rank in the middle of" in out and "Traceback" not in out, out
 
 
 def test_time_budget_stops(fashion_root):

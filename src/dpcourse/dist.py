@@ -238,11 +238,32 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
             and not os.environ.get("DPCOURSE_TRACEBACK"):
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         first = re.sub(r"^(\[[^\]]*\]:?\s*)+", "", first).split(". ")[0][:120]  # no source paths
-        print(f"lost another rank in the middle of a collective ({first}). It probably crashed, "
-              "was killed or ran out of time: its own output says why. "
-              "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)", file=sys.stderr, flush=True)
+        collective, where = _waiting_in(tb)
+        if "imed out" in text or "Timeout" in text:  # nobody answered: most often a hang, not a crash
+            print(f"{collective} at {where} waited its whole timeout and no other rank joined it ({first}). "
+                  "This is a hang: another rank is not calling the same collective: it called a different "
+                  "one or none (a collective under `if rank == 0:`, ranks that take different numbers of "
+                  "steps), or it is stuck or gone. Compare where each rank waits (this line, on each rank); "
+                  "DPCOURSE_TRACEBACK=1 shows this rank's traceback.",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"lost another rank in the middle of {collective} at {where} ({first}). It probably "
+                  "crashed, was killed or ran out of time: its own output says why. "
+                  "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)", file=sys.stderr, flush=True)
         return
     fallback(kind, err, tb)
+
+
+def _waiting_in(tb) -> tuple[str, str]:
+    """(the collective, "file:line (function)" of the code that called it) from a traceback."""
+    frames = traceback.extract_tb(tb)
+    torch_dir = os.path.dirname(torch.__file__)
+    ours = [f for f in frames if not f.filename.startswith(torch_dir)]
+    collective = next((f.name for f in reversed(frames) if f.filename.endswith("distributed_c10d.py")
+                       and f.name != "wrapper"), "a collective")
+    if not ours:
+        return collective, "?"
+    return collective, f"{os.path.basename(ours[-1].filename)}:{ours[-1].lineno} ({ours[-1].name})"
 
 
 def explain_errors() -> None:
