@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 from dpcourse import CourseError
-from dpcourse.launch import _cause, lab, run_ok, torchrun
+from dpcourse.launch import _cause, lab, python, run_ok, torchrun
 
 
 def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch):
@@ -20,6 +20,16 @@ def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch
     shown = capsys.readouterr().out
     assert "$ torchrun --standalone --nproc-per-node=2" in shown and "[rank0]:hello from rank 0" in shown
     assert "OMP_NUM_THREADS" not in shown  # torchrun's banner is not the learner's business
+
+
+def test_python_runs_one_plain_process_like_torchrun(capsys):
+    run = python(lab("hello", ROOT / "solutions"))
+    assert run.returncode == 0 and run.log[0]["world_size"] == 1 and run.log[0]["launcher"] == "none"
+    assert run.rank_lines(0)[0].startswith("hello from rank 0 of 1")
+    assert "$ python solutions/labs/hello.py" in capsys.readouterr().out
+    failed = python(ROOT / "tests/helpers/fail.py", log_json=False)
+    assert failed.returncode != 0
+    assert "python exited with status" in capsys.readouterr().out
 
 
 def test_failure_is_summarised_not_a_traceback(capsys):

@@ -4,6 +4,7 @@
     run = torchrun(lab("hello"), nproc=2)            # streams "[rank0]: ..." lines as they come
     run.returncode, run.log                          # exit status, rank 0's JSON-lines log
     run = horovodrun(lab("fashion_horovod"), nproc=2)  # the same, for a Horovod lab (make horovod)
+    run = python(lab("hello"))                       # one plain process, no launcher
 
 Each line a worker prints comes back tagged with its rank (torchrun's own ``--tee``). An
 interrupt (the notebook's stop button) or the timeout stops the whole process group, so no
@@ -114,7 +115,22 @@ def horovodrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: f
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
     cmd = [str(exe), f"--{controller}", "-np", str(nproc), sys.executable]
     shown = ["horovodrun", f"--{controller}", "-np", str(nproc), "python"]
-    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=_HOROVOD_TAG)
+    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=_horovod_untag)
+
+
+def _horovod_untag(line: str) -> str:
+    line = _HOROVOD_TAG.sub(lambda m: f"[rank{m.group(1)}]:", line)
+    return re.sub(r"\[\d+,\d+\]<std(?:out|err)>:$", "", line)  # mpirun's tag of an empty write
+
+
+def python(script: str | os.PathLike, *args: str, timeout: float = 300, log_json: bool = True,
+           env: dict | None = None, echo: bool = True) -> Run:
+    """Run ``python script *args``: one process and no launcher (every lab's one-process mode),
+    returned as ``torchrun`` returns its runs, each line tagged "[rank0]:". Cheaper than
+    ``torchrun(..., nproc=1)``, which starts a launcher process beside the worker."""
+    tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
+    return _launch([sys.executable], ["python"], script, args, tmpdir, 1, timeout, log_json, env, echo,
+                   None, untag=lambda line: f"[rank0]:{line}")
 
 
 def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag) -> Run:
@@ -141,9 +157,8 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
     def pump():
         for line in proc.stdout:
             line = line.rstrip("\n")
-            if untag is not None:
-                line = untag.sub(lambda m: f"[rank{m.group(1)}]:", line)
-                line = re.sub(r"\[\d+,\d+\]<std(?:out|err)>:$", "", line)  # mpirun's tag of an empty write
+            if untag is not None:  # the launcher's own tags, made "[rankN]:"
+                line = untag(line)
             if line.startswith("[rank"):
                 lines.append(line)
                 if echo and (shown_tags is None or line.startswith(shown_tags)):
