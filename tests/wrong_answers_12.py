@@ -1,0 +1,84 @@
+"""Plausible wrong answers to notebook 12's exercises (the bug-hunt labs, solutions/labs/bugs/);
+tests/test_exercises.py checks that each check rejects every one of them. Each wrong answer
+costs a run of the lab (3-5 s): the bug itself, and the one other mistake most worth catching.
+
+BUGS holds each lab's defect: the code its exercise region holds in the buggy twin
+(labs/bugs/<name>.py); "" when the fix is a line the buggy script simply does not have.
+tests/test_clinic.py checks that each buggy twin is its fixed twin with exactly that code,
+so the first wrong answer of each exercise is the very bug the notebook shows.
+"""
+from answers import Lab
+
+BUGS = {
+    "no_set_epoch": "",
+    "download_race": "downloaded = download_if_missing(source, dest, args.mb_per_s)",
+    "no_set_device": "return torch.load(path)",
+    "no_barrier": "",
+    "rank0_accuracy": "",
+    "padded_eval": "shard = list(DistributedSampler(range(len(labels)), shuffle=False))  # DDP: this rank's test images",
+    "unscaled_lr": "lr = args.lr",
+    "skipped_collective": """
+        if rank == 0:  # DDP: only rank 0 prints the accuracy, so only rank 0 measures it
+            accuracy = evaluate(model, test, rank, world_size)
+            print(f"test accuracy {accuracy:.4f} after {args.steps} steps", flush=True)""",
+    "shape_mismatch": """
+        gathered = [torch.zeros_like(wrong) for _ in range(world_size)]
+        dist.all_gather(gathered, wrong)  # DDP: every rank's indices""",
+}
+ORDER = list(BUGS)  # the notebook's order: exercise N fixes ORDER[N - 1]
+
+
+def the_bug(name: str) -> Lab:
+    return Lab(f"bugs/{name}_fixed.py", "", BUGS[name] or "pass")
+
+
+def fix(name: str, code: str) -> Lab:
+    return Lab(f"bugs/{name}_fixed.py", "", code)
+
+
+OTHER = {
+    "no_set_epoch": {
+        "a different epoch number on each rank": fix("no_set_epoch", "sampler.set_epoch(epoch + rank)"),
+    },
+    "download_race": {
+        "a barrier before the download, not after": fix("download_race", """
+            dist.barrier()
+            downloaded = download_if_missing(source, dest, args.mb_per_s)"""),
+    },
+    "no_set_device": {
+        "every rank maps onto cuda:0": fix("no_set_device", 'return torch.load(path, map_location="cuda:0")'),
+    },
+    "no_barrier": {
+        "a half-second sleep instead of a barrier": fix("no_barrier", "time.sleep(0.5)"),
+    },
+    "rank0_accuracy": {
+        "summed, then divided by the world size (a mean of the shards)": fix("rank0_accuracy", """
+            totals = torch.tensor([correct, count], dtype=torch.float64)
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+            correct, count = (totals / world_size).tolist()"""),
+    },
+    "padded_eval": {
+        "drop_last: the remainder never tested": fix("padded_eval", """
+            shard = list(DistributedSampler(range(len(labels)), shuffle=False, drop_last=True))"""),
+    },
+    "unscaled_lr": {
+        "square-root scaling": fix("unscaled_lr", "lr = args.lr * (global_batch / args.batch_size) ** 0.5"),
+    },
+    "skipped_collective": {
+        "rank 0 evaluates, the others wait at a barrier of their own": fix("skipped_collective", """
+            if rank == 0:
+                accuracy = evaluate(model, test, rank, world_size)
+                print(f"test accuracy {accuracy:.4f} after {args.steps} steps", flush=True)
+            else:
+                dist.barrier()"""),
+    },
+    "shape_mismatch": {
+        "padded but never cut": fix("shape_mismatch", """
+            padded = torch.cat([wrong, wrong.new_zeros(len(shard) - len(wrong))])
+            gathered = [torch.zeros_like(padded) for _ in range(world_size)]
+            dist.all_gather(gathered, padded)"""),
+    },
+}
+
+WRONG = {("12_clinic.ipynb", f"exercise {n}"): {"the bug itself": the_bug(name), **OTHER[name]}
+         for n, name in enumerate(ORDER, 1)}
