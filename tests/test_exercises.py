@@ -1,4 +1,4 @@
-"""Every exercise check rejects plausible wrong answers, and accepts the solution.
+"""Every exercise check rejects plausible wrong answers (that it accepts the solution, nbval shows).
 
 For each ``check`` cell of each solution notebook, the exercise it checks is filled in with a
 wrong answer that a learner could write, the notebook's cheap cells run in this process, and
@@ -196,7 +196,7 @@ def with_answer(source: str, body: str, hint: str = "") -> str:
 SOLVED: dict[str, tuple[int, dict]] = {}
 
 
-def run_check(nb, check, exercise, answer=None, prefix=None, key=None):
+def run_check(nb, check, exercise, answer=None, prefix=None, key=None, run_the_check=True):
     """Run the cheap cells up to the check (the exercise with ``answer``); the check's error or None.
 
     A wrong answer in a lab (``Lab``) does not change the notebook's cells: give ``prefix``, the
@@ -232,6 +232,8 @@ def run_check(nb, check, exercise, answer=None, prefix=None, key=None):
         before = dict(namespace)
         if key is not None:
             SOLVED[key] = (check, before)
+        if not run_the_check:
+            return None, before
         try:
             exec(compile(nb.cells[check].source, f"cell {check}", "exec"), namespace)
         except (Exception, CourseError) as err:  # noqa: BLE001 - any failure (a failed lab run too) rejects
@@ -254,11 +256,18 @@ def test_every_check_has_wrong_answers_registered():
     assert not missing, f"add plausible wrong answers for these checks to WRONG: {missing}"
 
 
+def test_the_solutions_checks_run_under_nbval(request):
+    """That each check accepts its solution is nbval's part: it runs every solution notebook, check
+    cells included, and fails on any error. So the test below does not run the solution's check
+    again (that halved the slowest of them); this makes sure nbval is on."""
+    assert request.config.getoption("nbval"), "run the suite with --nbval (pyproject's addopts): it runs the solutions' checks"
+
+
 @pytest.mark.parametrize("notebook, check, name, exercise", CHECKS, ids=[f"{c[0][:2]}-{c[2]}" for c in CHECKS])
-def test_check_accepts_the_solution_and_rejects_wrong_answers(notebook, check, name, exercise, capsys):
+def test_check_rejects_wrong_answers(notebook, check, name, exercise, capsys):
     nb = nbformat.read(ROOT / "solutions" / notebook, as_version=4)
-    err, prefix = run_check(nb, check, exercise, key=notebook)
-    assert err is None, f"the check rejects the solution itself: {err!r}"
+    # The cells before the check, with the solution: the namespace a wrong lab's check runs in.
+    _, prefix = run_check(nb, check, exercise, key=notebook, run_the_check=False)
     for what, body in WRONG[(notebook, name)].items():
         err = None
         if isinstance(body, Lab):  # most checks run their lab themselves: try the check alone first
