@@ -41,15 +41,16 @@ OTHER = {
         "a different epoch number on each rank": fix("no_set_epoch", "sampler.set_epoch(epoch + rank)"),
     },
     "download_race": {
-        "a barrier before the download, not after": fix("download_race", """
-            dist.barrier()
-            downloaded = download_if_missing(source, dest, args.mb_per_s)"""),
+        "every rank downloads, then a barrier": fix("download_race", """
+            downloaded = download_if_missing(source, dest, args.mb_per_s)
+            dist.barrier()"""),
     },
     "no_set_device": {
-        "every rank maps onto cuda:0": fix("no_set_device", 'return torch.load(path, map_location="cuda:0")'),
+        "map_location='cpu' for every rank (what torch's own message suggests)": fix(
+            "no_set_device", 'return torch.load(path, map_location="cpu")'),
     },
     "no_barrier": {
-        "a half-second sleep instead of a barrier": fix("no_barrier", "time.sleep(0.5)"),
+        "a long enough sleep instead of a barrier (a guess)": fix("no_barrier", "time.sleep(2.5)"),
     },
     "rank0_accuracy": {
         "summed, then divided by the world size (a mean of the shards)": fix("rank0_accuracy", """

@@ -49,9 +49,10 @@ def main(args):
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)  # DDP: correct answers and images, summed over the ranks
     correct, count = totals.tolist()
     if rank == 0:  # DDP: one rank reports
-        print(f"test accuracy {correct / count:.4f} on {int(count):,} images ({world_size} process(es))", flush=True)
+        print(f"test accuracy {correct / count:.4f}: {int(correct):,} right of {int(count):,} images "
+              f"({world_size} process(es))", flush=True)
         JsonLog(args.log_json).write("done", world_size=world_size, test_accuracy=correct / count,
-                                     test_images=int(count))
+                                     correct=int(correct), test_images=int(count))
     cleanup()
 
 

@@ -59,6 +59,7 @@ def main(args):
         print(f"{len(every):,} of {len(labels):,} test images wrong: accuracy {accuracy:.4f}; most confused: "
               f"{CLASSES[worst[0]]} taken for {CLASSES[worst[1]]} {confused.max().item()} times", flush=True)
         JsonLog(args.log_json).write("done", world_size=world_size, test_accuracy=accuracy, wrong=len(every),
+                                     correct=len(labels) - len(every),
                                      distinct=len(set(every.tolist())), gathered=[len(g) for g in gathered])
     cleanup()
 

@@ -224,15 +224,16 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
     text = str(err)
     if isinstance(err, NotImplementedError) and text.startswith("Exercise:") \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
-        if env_info().rank == 0:
-            where = traceback.extract_tb(tb)[-1]
-            try:
-                path = os.path.relpath(where.filename)
-            except ValueError:
-                path = where.filename
-            print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
-                  "not done yet: complete it (its notebook's check says when it is right), or run the "
-                  "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
+        if env_info().rank != 0:  # rank 0 says it; if it is busy elsewhere for a few seconds more, this rank does
+            time.sleep(3.0)
+        where = traceback.extract_tb(tb)[-1]
+        try:
+            path = os.path.relpath(where.filename)
+        except ValueError:
+            path = where.filename
+        print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
+              "not done yet: complete it (its notebook's check says when it is right), or run the "
+              "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
@@ -248,7 +249,8 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
                   file=sys.stderr, flush=True)
         else:
             print(f"lost another rank in the middle of {collective} at {where} ({first}). It probably "
-                  "crashed, was killed or ran out of time: its own output says why. "
+                  "crashed, was killed or ran out of time (its own output says why), or it ended without "
+                  "calling this collective. "
                   "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)", file=sys.stderr, flush=True)
         return
     fallback(kind, err, tb)

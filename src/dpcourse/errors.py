@@ -4,6 +4,11 @@
 and exits with status 1, with no traceback, on every rank that raises it. In a notebook the
 cell stops with the message. Catch it as ``except CourseError`` when you want to handle it.
 """
+import warnings
+
+# IPython adds "To exit: use 'exit', 'quit', or Ctrl-D." under every SystemExit a cell raises:
+# not what a learner should read under a course error.
+warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit', or Ctrl-D.")
 
 
 class CourseError(SystemExit):

@@ -133,6 +133,9 @@ def python(script: str | os.PathLike, *args: str, timeout: float = 300, log_json
                    None, untag=lambda line: f"[rank0]:{line}")
 
 
+_TWICE = re.compile(r"^(\[rank\d+\]:)\1")
+
+
 def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag) -> Run:
     """Run a launcher's command, stream its ranks' lines (tagged "[rankN]:"), collect rank 0's log."""
     log_path = tmpdir / "log.jsonl"
@@ -159,6 +162,7 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
             line = line.rstrip("\n")
             if untag is not None:  # the launcher's own tags, made "[rankN]:"
                 line = untag(line)
+            line = _TWICE.sub(r"\1", line)  # torch's excepthook tags its lines too: one tag is enough
             if line.startswith("[rank"):
                 lines.append(line)
                 if echo and (shown_tags is None or line.startswith(shown_tags)):

@@ -4,8 +4,9 @@
 
 Rank 0 first writes a checkpoint the way a GPU job writes one: its tensors saved from cuda:0
 (on a machine without a GPU they are only tagged cuda:0, which is what torch.save records on a
-GPU). Then every rank takes its device, loads the checkpoint and reports where the tensors
-landed and, on GPUs, how much memory each GPU holds. Lines there because of distribution: `# DDP:`.
+GPU). Then every rank takes its device (cuda:LOCAL_RANK where there is a GPU for each process),
+loads the checkpoint and reports where the tensors landed and, on GPUs, how much memory each GPU
+holds. Lines there because of distribution: `# DDP:`.
 """
 import argparse
 import os
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from dpcourse import dist as ddp_env
 from dpcourse.metrics import JsonLog
 
-GPUS = torch.cuda.is_available()
+GPUS = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # DDP: a GPU for each process here
 AS_IF_ON_GPU0 = []  # while not empty, torch.save records CPU tensors as saved from cuda:0
 torch.serialization.register_package(5, lambda storage: "cuda:0" if AS_IF_ON_GPU0 else None, lambda obj, location: None)
 
@@ -56,7 +57,7 @@ def main(args):
         write_gpu_checkpoint(args.ckpt)
     dist.barrier()  # DDP: the others read the checkpoint once it is written
 
-    device = torch.device("cuda", env.local_rank) if GPUS else torch.device("cpu")  # DDP: one GPU per rank
+    device = torch.device("cuda", env.local_rank) if GPUS else torch.device(args.cpu_device)  # DDP: one GPU per rank
     try:
         state = use_and_load(device, args.ckpt)
     except NotImplementedError:
@@ -82,6 +83,8 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, help="where rank 0 writes the checkpoint (a folder every rank sees)")
+    parser.add_argument("--cpu-device", default="cpu", help="each rank's device without GPUs (the check "
+                        "uses meta: a stand-in for a device that is not where the tensors were saved)")
     parser.add_argument("--timeout", type=float, default=30, help="seconds a collective may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())
