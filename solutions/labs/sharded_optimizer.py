@@ -1,0 +1,173 @@
+"""ZeRO-1 by hand: each rank keeps the optimizer state of its own share of the parameters only.
+
+    torchrun --standalone --nproc-per-node 2 solutions/labs/sharded_optimizer.py   # check it
+    torchrun --standalone --nproc-per-node 3 solutions/labs/sharded_optimizer.py   # on 3 ranks
+
+Adam keeps two numbers for every parameter (its moments), twice the model's size, and plain
+data parallelism keeps them on every rank. ``ShardedOptimizer(params, optimizer_cls, **kwargs)``
+gives each parameter one owner (largest first, to the least loaded rank); each rank builds
+``optimizer_cls`` over the parameters it owns only. After the usual all-reduce of the
+gradients, every rank steps its own parameters, and each parameter is then broadcast from its
+owner, so that every rank goes on with the whole, updated model. This is ZeRO stage 1
+(Rajbhandari et al., 2020), torch's ``ZeroRedundancyOptimizer``.
+
+The check: a model with parameters of very different sizes, the same initial weights on every
+rank, trained for --steps steps of AdamW on each rank's share of a global batch, with the
+gradients averaged as DDP does. After every step, every rank's parameters must equal those of
+an unsharded ``torch.optim.AdamW`` given the same gradients (torch.allclose), and at the end
+each rank's optimizer state must be within 10 % of the unsharded optimizer's divided by the
+number of ranks. Rank 0 prints one line for each, and logs them with --log-json.
+
+(Activate the course's environment first: source .venv/bin/activate.)
+"""
+import argparse
+import copy
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dpcourse import dist as ddp_env
+from dpcourse.metrics import JsonLog
+
+
+class ShardedOptimizer:
+    """``optimizer_cls`` over this rank's share of ``params``; ``step()`` updates all of them."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
+        # DDP: an owner for each parameter, the same on every rank: the largest parameter first,
+        # each to the rank that owns the fewest numbers so far (shares of nearly equal size).
+        self.owner, load = {}, [0] * world_size
+        for p in sorted(self.params, key=lambda p: p.numel(), reverse=True):  # a stable sort
+            self.owner[p] = load.index(min(load))
+            load[self.owner[p]] += p.numel()
+        self.mine = [p for p in self.params if self.owner[p] == rank]  # DDP: my share
+        ### BEGIN SOLUTION (hint: build optimizer_cls with **kwargs over this rank's own parameters only, as self.local)
+        self.local = optimizer_cls(self.mine, **kwargs)  # DDP: state for my share only
+        ### END SOLUTION
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:  # every gradient, not only my share's: every rank computes them all
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self):
+        """Call it where you would call ``optimizer.step()``: after the gradients are averaged."""
+        ### BEGIN SOLUTION (hint: step this rank's own optimizer, then send every parameter from its owner to all ranks with dist.broadcast)
+        self.local.step()  # DDP: update my share of the parameters
+        for p in self.params:  # mine and the others': every rank sends what it owns
+            dist.broadcast(p, src=self.owner[p])  # DDP: from its owner to every rank
+        ### END SOLUTION
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (Adam: its two moments and a step count per parameter)."""
+        return state_bytes(self.local)
+
+
+def state_bytes(optimizer) -> int:
+    """Bytes of the tensors in an optimizer's state."""
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if torch.is_tensor(t))
+
+
+class UnevenNet(nn.Sequential):
+    """An MLP whose parameters range from 8 numbers to 2,560: no two shares come out equal by luck."""
+
+    def __init__(self, sizes=(20, 64, 40, 48, 36, 56, 8)):
+        layers = []
+        for a, b in zip(sizes, sizes[1:]):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        super().__init__(*layers[:-1])
+
+
+def check(args, env):
+    """ShardedOptimizer against unsharded AdamW, step by step; True if it matches and shards."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    if world_size < 2:  # with one rank there is nothing to shard, and a missing broadcast goes unseen
+        ddp_env.stop(env, "the check needs at least 2 ranks: "
+                     "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
+    G, gen = 8 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
+    batches = [(torch.randn(G, 20, generator=gen), torch.randint(8, (G,), generator=gen))
+               for _ in range(args.steps)]
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    model = UnevenNet().to(env.device)
+    reference = copy.deepcopy(model)  # unsharded AdamW, given the very same gradients
+    hyper = {"lr": args.lr, "weight_decay": 0.01}
+    full = torch.optim.AdamW(reference.parameters(), **hyper)
+    sharded = ShardedOptimizer(model.parameters(), torch.optim.AdamW, **hyper)
+    worst = 0.0
+    for x, y in batches:
+        x, y = x.to(env.device), y.to(env.device)
+        sharded.zero_grad()
+        F.cross_entropy(model(x[rank::world_size]), y[rank::world_size]).backward()  # DDP: my rows
+        for p in model.parameters():
+            dist.all_reduce(p.grad)  # DDP: the sum of the ranks' gradients ...
+            p.grad /= world_size  # ... and their average, as DDP leaves it
+        for p, q in zip(model.parameters(), reference.parameters()):
+            q.grad = p.grad.clone()
+        sharded.step()
+        full.step()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            if not torch.allclose(p, q):
+                worst = max(worst, (p - q).abs().max().item())
+    worst = torch.tensor(worst, device=env.device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
+    mine = sharded.state_bytes()
+    shares = [None] * world_size
+    dist.all_gather_object(shares, mine)  # DDP: every rank's optimizer state, on every rank
+    ideal = state_bytes(full) / world_size
+    ratios = [b / ideal for b in shares]
+    equal, sharded_ok = worst.item() == 0.0, all(0.9 <= r <= 1.1 for r in ratios)
+    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
+    log.write("check", steps=args.steps, max_abs_diff=worst.item(), equal=equal,
+              state_bytes=shares, full_state_bytes=state_bytes(full), ratios=[round(r, 4) for r in ratios])
+    if rank == 0:  # DDP: one rank prints
+        n = sum(p.numel() for p in model.parameters())
+        print(f"{n:,} parameters in {len(sharded.params)} tensors, {world_size} ranks, {args.steps} AdamW steps")
+        print(f"parameters: {'ok, equal to AdamW' if equal else 'WRONG, differ from AdamW'} "
+              f"after every step (max |Δ| {worst.item():.1e}) on every rank")
+        print(f"optimizer state per rank: {', '.join(f'{b:,} B' for b in shares)}; "
+              f"unsharded {state_bytes(full):,} B / {world_size} = {ideal:,.0f} B: "
+              f"{', '.join(f'{r:.2f}' for r in ratios)} of it: {'ok' if sharded_ok else 'WRONG, not 1/P'}")
+    return equal and sharded_ok
+
+
+def setup(args):
+    # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
+    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
+                            timeout=timedelta(seconds=args.timeout))  # DDP: no endless waits
+    return env
+
+
+def cleanup():
+    dist.destroy_process_group()  # DDP: leave the process group so every rank exits cleanly.
+
+
+def main(args):
+    env = setup(args)
+    ok = check(args, env)
+    cleanup()
+    if not ok:
+        raise SystemExit(1)  # DDP: every rank knows the verdict, so every rank exits non-zero
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="AdamW steps to compare")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
+    parser.add_argument("--log-json", default=None, help="rank 0 writes the check's record here")
+    main(parser.parse_args())
