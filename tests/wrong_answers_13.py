@@ -1,0 +1,46 @@
+"""Plausible wrong answers to notebook 13's exercises: the memory formula (a notebook cell),
+ShardedOptimizer (labs/sharded_optimizer.py) and SumOverRanks (labs/beyond_dp.py);
+tests/test_exercises.py checks that the notebook's checks reject each one."""
+from answers import Lab
+
+FORMULA = """
+    bytes_per_param = {{"fp32": (4, 4, 8), "mixed": {mixed}}}[precision]
+    weights, grads, optimizer = (b * params for b in bytes_per_param)
+    P = world_size
+    return {{"weights": weights / P if stage >= {w} else weights,
+            "grads": grads / P if stage >= {g} else grads,
+            "optimizer": optimizer / P if stage >= {o} else optimizer}}"""
+STEP = "step this rank's own optimizer"
+LOCAL = "build optimizer_cls"
+SUM = "the sum of every rank's partial output"
+# Each lab answer is a 2-process run (about 4 s). Left out for time, rejected when last tried on the
+# same line as "no broadcast": every parameter broadcast from rank 0.
+
+WRONG = {
+    ("13_sharded_dp.ipynb", "exercise 1"): {
+        "mixed precision without the fp32 master weights (K = 8)": FORMULA.format(mixed="(2, 2, 8)", w=3, g=2, o=1),
+        "ZeRO-1 shards the gradients too": FORMULA.format(mixed="(2, 2, 12)", w=3, g=1, o=1),
+        "plain DP divided by P as well": FORMULA.format(mixed="(2, 2, 12)", w=0, g=0, o=0),
+        "ZeRO-3 leaves the weights whole": FORMULA.format(mixed="(2, 2, 12)", w=4, g=2, o=1),
+    },
+    ("13_sharded_dp.ipynb", "exercise 2"): {
+        "no broadcast: every rank keeps its old copy of the others' shares": Lab("sharded_optimizer.py", STEP, "self.local.step()"),
+        "the parameters all-reduced (summed) instead of broadcast": Lab("sharded_optimizer.py", STEP, """
+            self.local.step()
+            for p in self.params:
+                dist.all_reduce(p)"""),
+        "every rank's optimizer over all the parameters": Lab("sharded_optimizer.py", LOCAL,
+                                                              "self.local = optimizer_cls(self.params, **kwargs)"),
+    },
+    ("13_sharded_dp.ipynb", "exercise 3"): {
+        "the partial output returned as it is": Lab("beyond_dp.py", SUM, "return partial"),
+        "the mean of the partial outputs": Lab("beyond_dp.py", SUM, """
+            total = partial.clone()
+            dist.all_reduce(total)
+            return total / dist.get_world_size()"""),
+        "summed on rank 0 only (reduce)": Lab("beyond_dp.py", SUM, """
+            total = partial.clone()
+            dist.reduce(total, dst=0)
+            return total"""),
+    },
+}
