@@ -21,6 +21,7 @@ cannot be reset on the CPU.
 """
 import argparse
 import ctypes
+import os
 import resource
 import time
 from datetime import timedelta
@@ -197,9 +198,11 @@ def memory(args, env):
 
 
 def main(args):
+    if args.deterministic:  # the same kernels every run, on the CPU and on GPUs: equal, not only close
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     env = setup(args)
-    if args.deterministic:
-        torch.use_deterministic_algorithms(True)  # the same kernels every run: equal, not only close
     ok = memory(args, env) if args.memory else compare(args, env)
     cleanup()
     if not ok:
@@ -207,7 +210,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--memory", choices=["ddp", "zero1", "fsdp"], default=None,
                         help="measure one strategy's memory on the wide MLP instead of comparing")
     parser.add_argument("--steps", type=int, default=20, help="training steps (memory mode: 3 is plenty)")
@@ -216,7 +219,7 @@ if __name__ == "__main__":
     parser.add_argument("--width", type=int, default=1536, help="memory mode: the MLP's width")
     parser.add_argument("--layers", type=int, default=6, help="memory mode: its linear layers")
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels only")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the batches")
     parser.add_argument("--data-root", default=None, help="the folder that holds FashionMNIST/")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

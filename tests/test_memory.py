@@ -57,6 +57,7 @@ def test_human_units():
 
 
 def test_explorer_builds_and_redraws():
+    assert memory.memory_explorer(precision="mixed").children[0].children[2].value == "mixed"
     box = memory.memory_explorer()
     preset, gpu, precision = box.children[0].children
     billions, workers = box.children[1].children

@@ -216,6 +216,22 @@ def test_check_one_notebook_by_its_number(tmp_path):
     assert 'starts with "07"' in result.stdout and "00_intro, 01_exercises" in result.stdout
 
 
+def test_check_by_number_leaves_out_a_learners_copies(tmp_path):
+    """JupyterLab's Duplicate makes 01_exercises-Copy1.ipynb: `make check NB=01` means the course's own."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "dpcourse"\n')
+    (tmp_path / "notebooks").mkdir()
+    learner_notebooks(tmp_path / "notebooks")
+    (tmp_path / "solutions").mkdir()
+    shutil.copy(tmp_path / "notebooks" / "01_exercises.ipynb", tmp_path / "solutions")
+    shutil.copy(tmp_path / "notebooks" / "00_intro.ipynb", tmp_path / "notebooks" / "01_exercises-Copy1.ipynb")
+    check = [sys.executable, "-m", "dpcourse.course", "check", str(tmp_path / "notebooks"), "--notebook"]
+    result = run([*check, "01"], timeout=120)
+    assert "Not checked: 01_exercises-Copy1.ipynb" in result.stdout, result.stdout
+    assert "01_exercises.ipynb: exercise 1" in result.stdout and "Copy1.ipynb: no exercises" not in result.stdout
+    result = run([*check, "01_exercises-Copy1"], timeout=120)
+    assert "01_exercises-Copy1.ipynb: no exercises here" in result.stdout, result.stdout
+
+
 @pytest.mark.skipif(not shutil.which("make") or not (ROOT / ".venv/bin/python").exists(),
                     reason="needs make and the course's .venv")
 def test_make_check_ends_without_makes_error_line():

@@ -4,9 +4,10 @@
     torchrun --standalone --nproc-per-node 2 solutions/labs/beyond_dp.py --part pipeline --micro-batches 1 2 4 8
 
 Tensor parallelism (Megatron-LM's MLP, Shoeybi et al. 2019): the MLP ``Linear(d, 4d) → GELU →
-Linear(4d, d)`` split over P ranks. Rank r holds rows r of the first weight (a column-parallel
-layer: 4d/P of the hidden units, whole) and the matching columns of the second (row-parallel:
-a partial sum of every output). One all-reduce of the [batch, d] output in forward, and one of
+Linear(4d, d)`` split over P ranks. Rank r holds a block of the first layer's output features
+(rows of its weight matrix: a "column-parallel" layer, named after the columns of the output it
+splits), so 4d/P of the hidden units, whole; and the same block of the second layer's input
+features (columns of its weight: "row-parallel"), so a partial sum of every output number. One all-reduce of the [batch, d] output in forward, and one of
 the input's gradient in backward: the weights never travel. The check: the output, the input's
 gradient and every shard's weight gradient equal the whole MLP's (torch.allclose).
 
@@ -67,13 +68,14 @@ class SumOverRanks(torch.autograd.Function):
 
 
 class TensorParallelMLP(nn.Module):
-    """This rank's shard of ``full`` (Linear(d, 4d), GELU, Linear(4d, d)): a block of 4d/P hidden units."""
+    """This rank's shard of ``full`` (Linear(d, 4d), GELU, Linear(4d, d)): a block of about 4d/P hidden units."""
 
     def __init__(self, full, rank, world_size):
         super().__init__()
         up, down = full[0], full[2]
-        rows = up.out_features // world_size  # DDP: my block of the hidden units
-        mine = slice(rank * rows, (rank + 1) * rows)
+        bounds = [round(i * up.out_features / world_size) for i in range(world_size + 1)]
+        mine = slice(bounds[rank], bounds[rank + 1])  # DDP: my block of the hidden units
+        rows = mine.stop - mine.start
         self.up = nn.Linear(up.in_features, rows)  # column-parallel: my hidden units, whole
         self.down = nn.Linear(rows, down.out_features, bias=False)  # row-parallel: a partial sum
         with torch.no_grad():
@@ -95,7 +97,8 @@ def tensor_part(args, env, log):
     torch.manual_seed(args.seed)  # the whole MLP, the same on every rank: the reference
     full = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)).to(env.device)
     shard = TensorParallelMLP(full, rank, world_size).to(env.device)
-    x = torch.randn(args.batch_size, d, device=env.device)  # the same input on every rank
+    gen = torch.Generator().manual_seed(args.seed)  # DDP: the same input on every rank
+    x = torch.randn(args.batch_size, d, generator=gen).to(env.device)
     x_full, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_full, y_tp = full(x_full), shard(x_tp)
     y_full.square().mean().backward()
@@ -107,9 +110,10 @@ def tensor_part(args, env, log):
         "second weight's gradient (my columns)": (shard.down.weight.grad, full[2].weight.grad[:, shard.mine]),
         "output bias's gradient": (shard.bias.grad, full[2].bias.grad),
     }
-    wrong = [name for name, (a, b) in checks.items() if not torch.allclose(a, b, rtol=1e-4, atol=1e-6)]
-    flag = torch.tensor(len(wrong), device=env.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
+    mine = [name for name, (a, b) in checks.items() if not torch.allclose(a, b, rtol=1e-4, atol=1e-6)]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)  # DDP: what differs on each rank, on every rank
+    wrong = [f"{name} (rank {r})" for r, names in enumerate(everyone) for name in names]
     params = sum(p.numel() for p in full.parameters())
     sent = 2 * args.batch_size * d  # one all-reduce of [batch, d] forward, one backward
     log.write("tensor", width=d, batch=args.batch_size, params=params, shard_params=sum(p.numel() for p in shard.parameters()),
@@ -120,9 +124,9 @@ def tensor_part(args, env, log):
         print(f"  all-reduced per step: {sent:,} numbers (activations), against {params:,} "
               "(the gradients) under data parallelism")
         if wrong:
-            print(f"  WRONG on rank {rank}: {', '.join(wrong)} differ from the whole MLP's")
-        print(f"  output and gradients equal to the whole MLP's: {'ok' if not flag.item() else 'WRONG'}")
-    return flag.item() == 0
+            print(f"  WRONG: {', '.join(wrong)} differ from the whole MLP's")
+        print(f"  output and gradients equal to the whole MLP's on every rank: {'ok' if not wrong else 'WRONG'}")
+    return not wrong
 
 
 # ---------------------------------------------------------------- pipeline parallelism
@@ -242,13 +246,13 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", default="both", choices=["tensor", "pipeline", "both"])
-    parser.add_argument("--width", type=int, default=512, help="d: the MLP's (and each layer's) width")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", default="both", choices=["tensor", "pipeline", "both"], help="which to run")
+    parser.add_argument("--width", type=int, default=1024, help="d: the MLP's (and each layer's) width")
     parser.add_argument("--layers", type=int, default=8, help="pipeline: layers, split into equal stages")
-    parser.add_argument("--batch-size", type=int, default=256, help="the whole batch")
+    parser.add_argument("--batch-size", type=int, default=512, help="the whole batch")
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8], help="pipeline: M to try")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")

@@ -13,10 +13,11 @@ owner, so that every rank goes on with the whole, updated model. This is ZeRO st
 
 The check: a model with parameters of very different sizes, the same initial weights on every
 rank, trained for --steps steps of AdamW on each rank's share of a global batch, with the
-gradients averaged as DDP does. After every step, every rank's parameters must equal those of
-an unsharded ``torch.optim.AdamW`` given the same gradients (torch.allclose), and at the end
-each rank's optimizer state must be within 10 % of the unsharded optimizer's divided by the
-number of ranks. Rank 0 prints one line for each, and logs them with --log-json.
+gradients averaged as DDP does; once with AdamW, once with SGD with momentum. After every step,
+every rank's parameters must equal those of the unsharded optimizer given the same gradients
+(torch.allclose), and at the end each rank's AdamW state must be within 10 % of the unsharded
+AdamW's divided by the number of ranks. Rank 0 prints one line for each, and logs them with
+--log-json.
 
 (Activate the course's environment first: source .venv/bin/activate.)
 """
@@ -39,6 +40,8 @@ class ShardedOptimizer:
     def __init__(self, params, optimizer_cls, **kwargs):
         self.params = [p for p in params if p.requires_grad]
         rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
+        if len(self.params) < world_size:  # a rank without a share would build an empty optimizer
+            raise ValueError(f"{len(self.params)} parameter tensors cannot be shared by {world_size} ranks")
         # DDP: an owner for each parameter, the same on every rank: the largest parameter first,
         # each to the rank that owns the fewest numbers so far (shares of nearly equal size).
         self.owner, load = {}, [0] * world_size
@@ -87,21 +90,18 @@ class UnevenNet(nn.Sequential):
         super().__init__(*layers[:-1])
 
 
-def check(args, env):
-    """ShardedOptimizer against unsharded AdamW, step by step; True if it matches and shards."""
+def compare(args, env, optimizer_cls, **hyper):
+    """ShardedOptimizer(optimizer_cls) against the unsharded optimizer, given the same gradients
+    step after step; (max |Δ| over the steps, this rank's state bytes, the unsharded state bytes)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
-    if world_size < 2:  # with one rank there is nothing to shard, and a missing broadcast goes unseen
-        ddp_env.stop(env, "the check needs at least 2 ranks: "
-                     "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
     G, gen = 8 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
     batches = [(torch.randn(G, 20, generator=gen), torch.randint(8, (G,), generator=gen))
                for _ in range(args.steps)]
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = UnevenNet().to(env.device)
-    reference = copy.deepcopy(model)  # unsharded AdamW, given the very same gradients
-    hyper = {"lr": args.lr, "weight_decay": 0.01}
-    full = torch.optim.AdamW(reference.parameters(), **hyper)
-    sharded = ShardedOptimizer(model.parameters(), torch.optim.AdamW, **hyper)
+    reference = copy.deepcopy(model)  # the unsharded optimizer, given the very same gradients
+    full = optimizer_cls(reference.parameters(), **hyper)
+    sharded = ShardedOptimizer(model.parameters(), optimizer_cls, **hyper)
     worst = 0.0
     for x, y in batches:
         x, y = x.to(env.device), y.to(env.device)
@@ -117,26 +117,40 @@ def check(args, env):
         for p, q in zip(model.parameters(), reference.parameters()):
             if not torch.allclose(p, q):
                 worst = max(worst, (p - q).abs().max().item())
-    worst = torch.tensor(worst, device=env.device)
+    return worst, sharded.state_bytes(), state_bytes(full)
+
+
+def check(args, env):
+    """ShardedOptimizer against AdamW and SGD with momentum, unsharded; True if it matches and shards."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    if world_size < 2:  # with one rank there is nothing to shard, and a missing broadcast goes unseen
+        ddp_env.stop(env, "the check needs at least 2 ranks: "
+                     "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
+    optimizers = {"AdamW": (torch.optim.AdamW, {"lr": args.lr, "weight_decay": 0.01}),
+                  "SGD": (torch.optim.SGD, {"lr": 10 * args.lr, "momentum": 0.9})}
+    results = {name: compare(args, env, cls, **hyper) for name, (cls, hyper) in optimizers.items()}
+    worst = torch.tensor([diff for diff, _, _ in results.values()], device=env.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
-    mine = sharded.state_bytes()
+    differs = [name for name, diff in zip(results, worst.tolist()) if diff != 0.0]
+    _, mine, full = results["AdamW"]
     shares = [None] * world_size
     dist.all_gather_object(shares, mine)  # DDP: every rank's optimizer state, on every rank
-    ideal = state_bytes(full) / world_size
-    ratios = [b / ideal for b in shares]
-    equal, sharded_ok = worst.item() == 0.0, all(0.9 <= r <= 1.1 for r in ratios)
+    ratios = [b / (full / world_size) for b in shares]
+    sharded_ok = all(0.9 <= r <= 1.1 for r in ratios)
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
-    log.write("check", steps=args.steps, max_abs_diff=worst.item(), equal=equal,
-              state_bytes=shares, full_state_bytes=state_bytes(full), ratios=[round(r, 4) for r in ratios])
+    log.write("check", steps=args.steps, max_abs_diff=worst.max().item(), equal=not differs, differs=differs,
+              state_bytes=shares, full_state_bytes=full, ratios=[round(r, 4) for r in ratios])
     if rank == 0:  # DDP: one rank prints
-        n = sum(p.numel() for p in model.parameters())
-        print(f"{n:,} parameters in {len(sharded.params)} tensors, {world_size} ranks, {args.steps} AdamW steps")
-        print(f"parameters: {'ok, equal to AdamW' if equal else 'WRONG, differ from AdamW'} "
-              f"after every step (max |Δ| {worst.item():.1e}) on every rank")
-        print(f"optimizer state per rank: {', '.join(f'{b:,} B' for b in shares)}; "
-              f"unsharded {state_bytes(full):,} B / {world_size} = {ideal:,.0f} B: "
-              f"{', '.join(f'{r:.2f}' for r in ratios)} of it: {'ok' if sharded_ok else 'WRONG, not 1/P'}")
-    return equal and sharded_ok
+        n = sum(p.numel() for p in UnevenNet().parameters())
+        print(f"{n:,} parameters in {len(list(UnevenNet().parameters()))} tensors, {world_size} ranks, "
+              f"{args.steps} steps each of AdamW and of SGD with momentum")
+        for name, diff in zip(results, worst.tolist()):
+            print(f"parameters, {name}: {'ok, equal to the unsharded optimizer' if diff == 0 else 'WRONG, they differ'} "
+                  f"after every step on every rank (max |Δ| {diff:.1e})")
+        print(f"AdamW's state per rank: {', '.join(f'{b:,} B' for b in shares)}; unsharded {full:,} B / "
+              f"{world_size} = {full / world_size:,.0f} B: {', '.join(f'{r:.2f}' for r in ratios)} of it: "
+              f"{'ok' if sharded_ok else 'WRONG, not 1/P'}")
+    return not differs and sharded_ok
 
 
 def setup(args):
@@ -162,10 +176,10 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="AdamW steps to compare")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5, help="steps to compare, per optimizer")
+    parser.add_argument("--lr", type=float, default=0.01, help="AdamW's learning rate (SGD's: 10 times it)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the batches")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")

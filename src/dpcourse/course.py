@@ -276,6 +276,13 @@ def check_learner(folder: Path, prefix: str = "") -> int:
         print(f'No notebook in {_shown(folder)}/ starts with "{prefix}"; '
               f'the notebooks are {", ".join(p.stem for p in everything) or "none"}.')
         return 1
+    top = project_root(folder)
+    course = {p.name for p in _solution_notebooks(top / "solutions")} if top else set()
+    if prefix and any(p.name in course for p in paths):  # "13": the course's notebook, not a copy of it
+        copies = [p.name for p in paths if p.name not in course]
+        paths = [p for p in paths if p.name in course]
+        if copies:
+            print(f"Not checked: {', '.join(copies)} (your copies; to check one, give its name: --notebook {Path(copies[0]).stem}).")
     print("Save the notebook first (Ctrl+S): make check runs the saved file.")
     passed = failed = skipped = 0
     for path in paths:

@@ -101,10 +101,12 @@ def explain(params: float, world_size: int, gpu: str, precision: str = "fp32") -
     return lines
 
 
-def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A100 40 GB"):
+def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A100 40 GB",
+                    precision: str = "fp32"):
     """Model, workers, precision and GPU; bars of what one worker holds under DDP and each ZeRO
-    stage (weights, gradients, optimizer state), the GPU's memory as a line, and one line per
-    stage saying whether it fits and what it sends per step."""
+    stage (weights, gradients, optimizer state, stacked on a linear axis, each bar's total written
+    on it), the GPU's memory as a line, and one line per stage saying whether it fits and what
+    it sends per step."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
@@ -115,7 +117,7 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
                                 description="parameters (billions)", continuous_update=False, **wide)
     workers = w.SelectionSlider(options=[2 ** k for k in range(11)], value=world_size,
                                 description="workers", continuous_update=False, **wide)
-    precision = w.ToggleButtons(options=list(BYTES), value="fp32", description="precision", **wide)
+    precision = w.ToggleButtons(options=list(BYTES), value=precision, description="precision", **wide)
     device = w.Dropdown(options=list(GPUS), value=gpu, description="GPU", **wide)
     out = w.Output()
 
@@ -130,8 +132,10 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
                 gb = [per_worker(params, P, s, precision.value)[part] / 1e9 for s in STAGES]
                 ax.bar(names, gb, bottom=bottom, color=color, label=part)
                 bottom = [b + g for b, g in zip(bottom, gb)]
+            for x, total in enumerate(bottom):
+                ax.annotate(human(total * 1e9), (x, total), ha="center", va="bottom", fontsize=8)
             ax.axhline(GPUS[device.value] / 1e9, color="k", ls="--", label=device.value)
-            ax.set(ylabel="GB per worker (model states)", yscale="log",
+            ax.set(ylabel="GB per worker (model states)", ylim=(0, 1.15 * max(max(bottom), GPUS[device.value] / 1e9)),
                    title=f"{params / 1e9:.3g} B parameters, {precision.value}, {P} workers")
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3, axis="y")
