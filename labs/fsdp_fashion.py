@@ -182,7 +182,7 @@ def memory(args, env):
     local = optimizer.local if args.memory == "zero1" else optimizer
     held = {"weights": local_bytes(params), "grads": local_bytes(p.grad for p in params),
             "optimizer": local_bytes(t for s in local.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())}
-    n = sum(p.numel() for p in WideMLP(args.width, args.layers).parameters()) if rank == 0 else 0
+    n = sum(p.numel() for p in params)  # an FSDP DTensor counts the whole parameter, not its shard
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, {"rank": rank, "peak_bytes": peak, **held})  # DDP: to every rank
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
