@@ -56,12 +56,13 @@ def _solution_notebooks(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
 
 
-def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_S):
-    """Run a notebook top to bottom in its own folder; return (notebook, seconds, error or None)."""
+def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_S, nb=None):
+    """Run a notebook (``nb``, or the file at ``path``) top to bottom in the folder of ``path``;
+    return (notebook, seconds, error or None)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    nb = nbformat.read(path, as_version=4)
+    nb = nbformat.read(path, as_version=4) if nb is None else nb
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                             coalesce_streams=True, resources={"metadata": {"path": str(path.parent)}},
                             extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
@@ -77,14 +78,77 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
 
 
 # ---------------------------------------------------------------- make course
+# What `make course` ran, so that `make test` can compare these executed copies with the committed
+# outputs instead of running every notebook a second time (tests/nbreuse.py): valid only for the
+# same sources and the same installed environment. Written by run_course, read by the tests.
+EXECUTED = "executed.json"
+# Not sources: what the course writes (builds, data, runs, environments) and what git ignores anyway.
+_NOT_SOURCES = {".git", ".venv", "build", "data", "runs", "__pycache__", ".pytest_cache", "node_modules",
+                ".ipynb_checkpoints"}
+
+
+def notebook_inputs(nb) -> str:
+    """A digest of what a notebook runs: each cell's type, source and tags (not its outputs)."""
+    import hashlib
+
+    cells = [[c.cell_type, c.source, sorted(c.metadata.get("tags", []))] for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
+
+
+def _source_files(top: Path) -> list[Path]:
+    """Every file a notebook could read: git's tracked and untracked-but-not-ignored files (a walk
+    without git), less the solution notebooks themselves (their inputs are digested one by one)."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=top,
+                                capture_output=True, timeout=60, check=True).stdout.decode().split("\0")
+        files = [top / name for name in listed if name]
+    except (OSError, subprocess.SubprocessError):
+        files = [p for p in top.rglob("*") if p.is_file() and not _NOT_SOURCES & set(p.relative_to(top).parts)
+                 and not p.name.endswith(".egg-info")]
+    return sorted(p for p in files if p.is_file() and not (p.parent == top / "solutions" and p.suffix == ".ipynb"))
+
+
+def sources_digest(top: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in _source_files(top):
+        digest.update(str(path.relative_to(top)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def environment() -> dict:
+    """What else decides a notebook's outputs: Python, every installed package and version, the CPU."""
+    import platform
+    from importlib import metadata
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    packages = sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]})
+    return {"python": sys.version, "machine": platform.machine(), "cpu": cpu, "packages": packages}
+
+
+def execution_key(top: Path) -> dict:
+    return {"sources": sources_digest(top), "environment": environment()}
+
+
 def run_course(folder: Path, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    top = project_root(folder)
+    key = execution_key(top) if top else None
+    rows, executed = [], {}
     for path in _solution_notebooks(folder):
         print(f"running {path.name} ...", flush=True)
-        nb, seconds, error = execute(path)
+        source = nbformat.read(path, as_version=4)
+        for cell in source.cells:  # a cell after a failure must not keep the committed output
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        nb, seconds, error = execute(path, nb=nbformat.from_dict(source))
         nbformat.write(nb, out / path.name)
         rows.append((path.name, seconds, "ok" if error is None else f"FAILED: {error}"))
+        executed[path.name] = {"inputs": notebook_inputs(source), "ok": error is None}
     width = max(len(r[0]) for r in rows) if rows else 8
     print(f"\n{'notebook':<{width}}  {'seconds':>7}  status")
     for name, seconds, status in rows:
@@ -93,6 +157,13 @@ def run_course(folder: Path, out: Path) -> int:
     # What docs/instructor.md builds its schedules from: the machine time of each notebook.
     (out / "times.json").write_text(json.dumps({name: {"seconds": round(seconds, 1), "status": status}
                                                 for name, seconds, status in rows}, indent=1) + "\n")
+    if key is not None:
+        import torch
+
+        settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "threads": torch.get_num_threads(),
+                    "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+        (out / EXECUTED).write_text(json.dumps({"key": key, "settings": settings, "notebooks": executed}, indent=1) + "\n")
     print(f"\n{len(rows) - failed} of {len(rows)} notebooks ran; executed copies and times.json in {out}/")
     return 1 if failed or not rows else 0
 
