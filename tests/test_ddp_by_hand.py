@@ -3,6 +3,7 @@
 --check must pass for 2 and 3 ranks, reject plausible wrong answers to both exercises, and stop
 at the student copy's stubs with their hint; the training mode must match torch's DDP.
 """
+import itertools
 import json
 import re
 import sys
@@ -25,10 +26,9 @@ VERDICT = re.compile(r"^(?:\[rank0\]:)?(.+?): (ok \(max \|Δ\| \S+\)|WRONG — .
 # The code between a region's markers: exercise A in NaiveDDP, exercise B in BucketDDP.
 REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION.*\n(?:.*\n)*?[ \t]*### END SOLUTION\n", re.M)
 
-# What a learner could plausibly write instead, per exercise (code between the markers). Each is a
-# 2-process run (about 5 s); left out for time, each rejected when last tried: all_reduce's return
-# value taken for the result (A), a bucket flushed one gradient early, and one flushed without
-# keeping its work (B: the same verdicts as flushing on every gradient and never flushing).
+# What a learner could plausibly write instead, per exercise (code between the markers). Exercise A
+# is NaiveDDP's and B is BucketDDP's, and --check gives each class its own verdict: so one 2-process
+# run (about 5 s) tries a wrong A and a wrong B together, and each must be blamed on its own class.
 WRONG = {
     "A": {
         "summed, not divided by the world size": "dist.all_reduce(p.grad)",
@@ -41,11 +41,18 @@ WRONG = {
             dist.all_reduce(total)
             total /= world_size""",
         "each rank's own gradient divided, nothing sent": "p.grad /= world_size",
+        "all_reduce's return value taken for the result": "p.grad = dist.all_reduce(p.grad)",
     },
     "B": {
         "flushed before the bucket is full (on every gradient)":
             "bucket.work = dist.all_reduce(bucket.buffer, async_op=True)",
+        "flushed one gradient early": """
+            if bucket.waiting == 1:
+                bucket.work = dist.all_reduce(bucket.buffer, async_op=True)""",
         "never flushed": "pass",
+        "flushed without keeping the work to wait on": """
+            if bucket.waiting == 0:
+                dist.all_reduce(bucket.buffer, async_op=True)""",
         "flushed synchronously (no work to wait on)": """
             if bucket.waiting == 0:
                 dist.all_reduce(bucket.buffer)""",
@@ -64,13 +71,24 @@ def verdicts(output: str) -> dict[str, str]:
 
 def with_answer(exercise: str, code: str) -> str:
     """The solution lab with the code between exercise ``exercise``'s markers replaced."""
+    return with_answers({exercise: code})
+
+
+def with_answers(codes: dict[str, str]) -> str:
+    """The solution lab with each exercise's region ("A", "B") in ``codes`` replaced by its code."""
     text = SOLUTION.read_text()
     regions = list(REGION.finditer(text))
     assert len(regions) == 2, "ddp_by_hand.py should have exactly two exercises"
-    region = regions["AB".index(exercise)]
-    assert ("bucket" in region.group(0)) == (exercise == "B")
-    body = textwrap.indent(textwrap.dedent(code).strip() + "\n", region.group(1))
-    return text[:region.start()] + body + text[region.end():]
+    for exercise in sorted(codes, reverse=True):  # B first: it lies below A, so A's place stays put
+        region = regions["AB".index(exercise)]
+        assert ("bucket" in region.group(0)) == (exercise == "B")
+        body = textwrap.indent(textwrap.dedent(codes[exercise]).strip() + "\n", region.group(1))
+        text = text[:region.start()] + body + text[region.end():]
+    return text
+
+
+# One run per pair: the i-th wrong A with the i-th wrong B (the solution's own where one list is shorter).
+PAIRS = list(itertools.zip_longest(WRONG["A"], WRONG["B"]))
 
 
 def test_check_refuses_one_process():
@@ -106,10 +124,10 @@ def test_training_mode_matches_torch_ddp(tmp_path, fashion_root):
     assert result.stdout.count("max |Δweight| vs DDP") == 1  # rank 0's table, once
 
 
-@pytest.mark.parametrize("exercise, wrong", [(e, w) for e, answers in WRONG.items() for w in answers])
-def test_check_rejects_a_wrong_answer(tmp_path, exercise, wrong):
+@pytest.mark.parametrize("wrong_a, wrong_b", PAIRS, ids=[f"A: {a or 'solution'} + B: {b or 'solution'}" for a, b in PAIRS])
+def test_check_rejects_a_wrong_answer(tmp_path, wrong_a, wrong_b):
     lab = tmp_path / "ddp_by_hand.py"
-    lab.write_text(with_answer(exercise, WRONG[exercise][wrong]))
+    lab.write_text(with_answers({e: WRONG[e][w] for e, w in (("A", wrong_a), ("B", wrong_b)) if w is not None}))
     start = time.perf_counter()
     result = run(torchrun_cmd(2, lab, "--check", "--timeout", 20), timeout=90)
     assert time.perf_counter() - start < 60, "a wrong answer must fail, not hang"
@@ -117,10 +135,10 @@ def test_check_rejects_a_wrong_answer(tmp_path, exercise, wrong):
     found = verdicts(result.stdout)
     assert list(found) == VARIANTS, result.stdout
     wrong_ones = [name for name, v in found.items() if v.startswith("WRONG")]
-    if exercise == "A":
-        assert wrong_ones == ["NaiveDDP"], result.stdout
-    else:
-        assert wrong_ones and all(name.startswith("BucketDDP") for name in wrong_ones), result.stdout
+    assert ("NaiveDDP" in wrong_ones) == (wrong_a is not None), result.stdout  # A's mistake, and only A's, on NaiveDDP
+    buckets = [name for name in wrong_ones if name.startswith("BucketDDP")]
+    assert bool(buckets) == (wrong_b is not None), result.stdout
+    assert set(wrong_ones) <= {"NaiveDDP", *buckets}, result.stdout
     assert found["OverlapDDP"].startswith("ok"), result.stdout  # the check blames the right class
 
 
