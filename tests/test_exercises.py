@@ -194,6 +194,29 @@ def with_answer(source: str, body: str, hint: str = "") -> str:
 # Checks run in notebook order, so the next check of a notebook goes on from there instead of
 # running every cell from the top again (a notebook with three exercises ran its first cells three times).
 SOLVED: dict[str, tuple[int, dict]] = {}
+# The solution's namespace just before an exercise cell, per (notebook, index of the exercise cell):
+# a wrong answer written in that cell runs from there (the cell, the cells after it, the check)
+# instead of from the notebook's top. Forked for each answer, so that one cannot change the next's.
+BEFORE: dict[tuple[str, int], dict] = {}
+
+
+def _fork(namespace: dict) -> dict:
+    """A copy of a notebook's namespace whose data (tensors, models, lists) a cell may change without
+    touching the original; modules, functions, classes and what cannot be copied are shared."""
+    import copy
+    import types
+
+    shared = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+    forked = {}
+    for name, value in namespace.items():
+        if name.startswith("__") or isinstance(value, shared):
+            forked[name] = value
+            continue
+        try:
+            forked[name] = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - a process group, a file, a generator: shared, as before
+            forked[name] = value
+    return forked
 
 
 def run_check(nb, check, exercise, answer=None, prefix=None, key=None, run_the_check=True):
@@ -208,6 +231,8 @@ def run_check(nb, check, exercise, answer=None, prefix=None, key=None, run_the_c
     start = 0
     if key is not None and answer is None and prefix is None and SOLVED.get(key, (check + 1,))[0] < check:
         start, prefix = SOLVED[key]
+    if isinstance(answer, str) and key is not None and (key, exercise) in BEFORE:  # from the exercise cell on
+        start, prefix = exercise, _fork(BEFORE[(key, exercise)])
     namespace = dict(prefix) if prefix is not None else {"__name__": "__main__"}
     cwd, labs = os.getcwd(), None
     os.chdir(ROOT / "solutions")
@@ -226,11 +251,13 @@ def run_check(nb, check, exercise, answer=None, prefix=None, key=None, run_the_c
             if i < start or cell.cell_type != "code" or SKIP in cell.metadata.get("tags", []) \
                     or "check" in cell.metadata.get("tags", []):
                 continue
+            if i == exercise and answer is None and key is not None:
+                BEFORE[(key, exercise)] = _fork(namespace)
             wrong_here = i == exercise and isinstance(answer, str)
             source = with_answer(cell.source, answer) if wrong_here else cell.source
             exec(compile(source, f"cell {i}", "exec"), namespace)
         before = dict(namespace)
-        if key is not None:
+        if key is not None and answer is None:
             SOLVED[key] = (check, before)
         if not run_the_check:
             return None, before
@@ -272,8 +299,8 @@ def test_check_rejects_wrong_answers(notebook, check, name, exercise, capsys):
         err = None
         if isinstance(body, Lab):  # most checks run their lab themselves: try the check alone first
             err, _ = run_check(nb, check, exercise, body, prefix=prefix)
-        if err is None:  # a string answer, or a lab that an earlier cell runs: the whole way
-            err, _ = run_check(nb, check, exercise, body)
+        if err is None:  # a string answer (from its exercise cell on), or a lab that an earlier cell runs: the whole way
+            err, _ = run_check(nb, check, exercise, body, key=None if isinstance(body, Lab) else notebook)
         assert isinstance(err, (AssertionError, CourseError)), f"{name}: the check accepts a wrong answer ({what}): {err!r}"
 
 

@@ -48,9 +48,7 @@ WRONG = {
             return [(top[:, :k] == labels[:, None]).any(dim=1).float().mean().item() for k in ks]"""),
     },
 }
-# Each of these reruns the notebook's cells up to the check (about 6 s): three more, each rejected
-# when last tried with its own hint, are left out for time: the ratio inverted, the result rounded
-# to 3 decimals, GFLOP/s (1e9) taken for TFLOP/s.
+# Each runs from the exercise cell on (tests/test_exercises.py's BEFORE), not the notebook's top.
 WRONG[("10_imagenet.ipynb", "exercise 3")] = {
     "the whole job's images on one GPU's peak": """
         return images_per_s * flops_per_image / (peak_tflops * 1e12)""",
@@ -58,6 +56,12 @@ WRONG[("10_imagenet.ipynb", "exercise 3")] = {
         return 100 * images_per_s / gpus * flops_per_image / (peak_tflops * 1e12)""",
     "TFLOP/s taken for FLOP/s": """
         return images_per_s / gpus * flops_per_image / peak_tflops""",
+    "the ratio inverted": """
+        return peak_tflops * 1e12 / (images_per_s / gpus * flops_per_image)""",
+    "rounded to 3 decimals": """
+        return round(images_per_s / gpus * flops_per_image / (peak_tflops * 1e12), 3)""",
+    "GFLOP/s taken for TFLOP/s (1e9)": """
+        return images_per_s / gpus * flops_per_image / (peak_tflops * 1e9)""",
     "forward FLOPs only (a third of the training FLOPs)": """
         return images_per_s / gpus * flops_per_image / 3 / (peak_tflops * 1e12)""",
 }

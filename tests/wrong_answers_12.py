@@ -1,8 +1,6 @@
 """Plausible wrong answers to notebook 12's exercises (the bug-hunt labs, solutions/labs/bugs/);
 tests/test_exercises.py checks that each check rejects every one of them. Each wrong answer
-costs a run of the lab (3-5 s): the bug itself, and another mistake that the check catches on
-another line. Left out for time, each rejected when last tried and caught on its bug's line: the
-totals divided by the world size (5), drop_last=True (6), square-root scaling (7).
+costs a run of the lab (3-5 s): the bug itself, and other mistakes a learner could make instead.
 
 BUGS holds each lab's defect: the code its exercise region holds in the buggy twin
 (labs/bugs/<name>.py); "" when the fix is a line the buggy script simply does not have.
@@ -55,10 +53,17 @@ OTHER = {
         "a long enough sleep instead of a barrier (a guess)": fix("no_barrier", "time.sleep(2.5)"),
     },
     "rank0_accuracy": {
+        "summed, then divided by the world size (a mean of the shards)": fix("rank0_accuracy", """
+            totals = torch.tensor([correct, count], dtype=torch.float64)
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+            correct, count = (totals / world_size).tolist()"""),
     },
     "padded_eval": {
+        "drop_last: the remainder never tested": fix("padded_eval", """
+            shard = list(DistributedSampler(range(len(labels)), shuffle=False, drop_last=True))"""),
     },
     "unscaled_lr": {
+        "square-root scaling": fix("unscaled_lr", "lr = args.lr * (global_batch / args.batch_size) ** 0.5"),
     },
     "skipped_collective": {},  # any other skipped collective hangs the same way: the bug is enough
     "shape_mismatch": {
