@@ -65,7 +65,10 @@ def why_not_reused(path: Path) -> str | None:
         return "its cells changed since make course"
     key, here = recorded["key"], _here(root)
     if key["sources"] != here["sources"]:
-        return "a source file changed since make course"
+        old, new = key["sources"], here["sources"]
+        changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+        return (f"{len(changed)} source file(s) changed since make course: {', '.join(changed[:4])}"
+                + (" …" if len(changed) > 4 else ""))
     if key["environment"] != here["environment"]:
         old, new = key["environment"], here["environment"]
         changed = sorted(set(old["packages"]) ^ set(new["packages"]))

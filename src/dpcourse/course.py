@@ -110,13 +110,11 @@ def _source_files(top: Path) -> list[Path]:
     return sorted(p for p in files if p.is_file() and not (p.parent == top / "solutions" and p.suffix == ".ipynb"))
 
 
-def sources_digest(top: Path) -> str:
+def source_digests(top: Path) -> dict[str, str]:
+    """{path relative to ``top``: SHA-256 of its bytes} for every file a notebook could read."""
     import hashlib
 
-    digest = hashlib.sha256()
-    for path in _source_files(top):
-        digest.update(str(path.relative_to(top)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+    return {str(path.relative_to(top)): hashlib.sha256(path.read_bytes()).hexdigest() for path in _source_files(top)}
 
 
 def environment() -> dict:
@@ -126,12 +124,18 @@ def environment() -> dict:
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    packages = sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]})
+    # The environment's own site-packages only: sys.path can hold more (setuptools puts its vendored
+    # packages there once it is imported), which says nothing about what a notebook runs with.
+    import sysconfig
+
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    packages = sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions(path=site)
+                       if d.metadata["Name"]})
     return {"python": sys.version, "machine": platform.machine(), "cpu": cpu, "packages": packages}
 
 
 def execution_key(top: Path) -> dict:
-    return {"sources": sources_digest(top), "environment": environment()}
+    return {"sources": source_digests(top), "environment": environment()}
 
 
 def run_course(folder: Path, out: Path) -> int:
