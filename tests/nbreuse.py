@@ -27,7 +27,6 @@ import nbformat
 import pytest
 
 
-
 @lru_cache(maxsize=None)
 def _here(root: Path) -> dict:
     from dpcourse.course import execution_key

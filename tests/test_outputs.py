@@ -11,8 +11,8 @@ than the reference run (make course's, or nbval's when build/ could not be reuse
 every compared output is identical to the committed one. Executing all fourteen costs more than the
 nbval run that tests/nbreuse.py saves, so each run takes two: notebook 02 and one more, in a
 rotation keyed by the commit that alternates between those whose compared outputs are computed in
-floating point (FLOAT) and the others, within GUARD_BUDGET_S of their measured guard times; ``DPCOURSE_GUARD=all`` takes every notebook (the last
-such run: all fourteen identical, 20 min on 2 cores).
+floating point (FLOAT) and the others, within GUARD_BUDGET_S of their measured guard times.
+``DPCOURSE_GUARD=all`` takes every notebook (the last such run: all fourteen identical, 20 min).
 """
 import json
 import os
@@ -34,13 +34,14 @@ FLOAT = ["02_gradient_averaging.ipynb", "03_collectives.ipynb", "11_horovod.ipyn
 GUARD_BUDGET_S = 170  # of guard time per suite run
 # Each notebook's time under the guard's settings (one thread, plain kernels), measured on the
 # 2-core development machine while another suite ran beside it (so on the high side), with
-# DPCOURSE_GUARD=all make test; 04's benchmark is ten times slower without AVX kernels.
+# DPCOURSE_GUARD=all .venv/bin/python -m pytest tests/test_outputs.py; 04's benchmark is ten times
+# slower without AVX kernels.
 GUARD_SECONDS = {"00": 28, "01": 28, "02": 30, "03": 42, "04": 346, "05": 89, "06": 112, "07": 26, "08": 66,
                  "09": 37, "10": 39, "11": 136, "12": 114, "13": 86}
 # nbval's comparison: these keys are not compared (nbval.plugin.IPyNbFile.skip_compare, no nbdime)
 SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
                 "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
-PROBE = ("import json as _j, os as _o, torch as _t\n"
+PROBE = ("import json as _j, torch as _t\n"
          "print(_j.dumps({'threads': _t.get_num_threads(), 'capability': _t.backends.cpu.get_cpu_capability()}))")
 
 

@@ -120,18 +120,19 @@ def source_digests(top: Path) -> dict[str, str]:
 def environment() -> dict:
     """What else decides a notebook's outputs: Python, every installed package and version, the CPU."""
     import platform
+    import sysconfig
     from importlib import metadata
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")), "") if cpuinfo.exists() else ""
     # The environment's own site-packages only: sys.path can hold more (setuptools puts its vendored
     # packages there once it is imported), which says nothing about what a notebook runs with.
-    import sysconfig
-
     site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     packages = sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions(path=site)
                        if d.metadata["Name"]})
-    return {"python": sys.version, "machine": platform.machine(), "cpu": cpu, "packages": packages}
+    return {"python": sys.version, "machine": platform.machine(), "cpu": cpu or platform.processor(),
+            "packages": packages}
 
 
 def execution_key(top: Path) -> dict:
