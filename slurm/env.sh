@@ -56,6 +56,58 @@ export MASTER_ADDR MASTER_PORT
 LAB_ARGS=(--data-root "$LOCAL_DATA" --checkpoint-dir "$RUNS" --checkpoint-every 100 --resume auto
           --log-json "$RUNS/log.jsonl")
 
+# ---- the time limit ---------------------------------------------------------------------------
+# The training templates ask Slurm for a warning: `#SBATCH --signal=B:USR1@120` sends SIGUSR1 to this
+# shell about 120 s before --time (Slurm may send it up to a minute earlier). run_training then has
+# Slurm send SIGTERM to every task of the training step (`scancel --signal=TERM JOB.STEP`: srun itself
+# would end the step on a SIGTERM); a torchrun passes it on to its workers. Each lab
+# finishes its step, the ranks agree to stop after that same step, rank 0 writes the checkpoint, and
+# all exit. The job then requeues itself (`scontrol requeue`, which #SBATCH --requeue allows): the next
+# run goes on from that checkpoint (--resume auto) and appends to the same log (--open-mode=append).
+# Without the warning, Slurm sends SIGTERM at --time itself and SIGKILL KillWait seconds later (30 s by
+# default: `scontrol show config | grep KillWait`): the labs still save if they can, but the job ends
+# as TIMEOUT and is not requeued; submit it again to go on.
+TIME_WARNED=0
+STEP_PID=
+on_time_warning() {
+    TIME_WARNED=1
+    echo "$(date +%T) time-limit warning (SIGUSR1): the lab saves a checkpoint and stops; then the job requeues itself"
+    if [[ -n $STEP_PID ]]; then signal_training_step; fi
+}
+
+# SIGTERM to the tasks of this job's running steps (the training's srun): a signal only, the step goes on.
+signal_training_step() {
+    local step
+    for step in $(squeue --noheader --steps --format=%i --jobs="$SLURM_JOB_ID"); do
+        case $step in *.batch | *.extern | *.interactive) ;; *) scancel --signal=TERM "$step" || true ;; esac
+    done
+}
+trap on_time_warning USR1
+
+# Run a training step (`run_training srun ... lab ...`): in the background, so that this shell can
+# take the warning while it runs; requeue the job once the step has saved and stopped.
+run_training() {
+    local status
+    if (( TIME_WARNED )); then  # warned before training began (while staging): no time left to train
+        requeue_job
+    fi
+    "$@" &
+    STEP_PID=$!
+    while kill -0 "$STEP_PID" 2>/dev/null; do wait "$STEP_PID" || true; done  # a trap ends `wait` early
+    wait "$STEP_PID" && status=0 || status=$?
+    STEP_PID=
+    if (( TIME_WARNED )); then
+        requeue_job
+    fi
+    return "$status"
+}
+
+requeue_job() {
+    echo "$(date +%T) scontrol requeue $SLURM_JOB_ID: the next run resumes from $RUNS/last.pt"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0  # Slurm ends this run of the script as it requeues the job
+}
+
 # Copy the shared data to node-local disk, once per node (one task per node), verified. srun's
 # --ntasks defaults to the job's: a step with fewer tasks says how many.
 stage_data() {

@@ -1,5 +1,6 @@
 """dpcourse.dist: launcher variables, backend choice, and real multi-process runs."""
 import json
+import re
 import os
 import shutil
 import socket
@@ -12,7 +13,8 @@ import torch
 
 from conftest import ROOT, run, torchrun_cmd
 from dpcourse import CourseError
-from dpcourse.dist import DistEnv, _tasks_per_node, choose_backend, choose_device, default_port, env_info, free_port
+from dpcourse.dist import (DistEnv, _tasks_per_node, bound_one_each, choose_backend, default_port, describe_gpus,
+                           env_info, free_port, job_gpus, place, why_no_gpu)
 
 HELLO = ROOT / "solutions" / "labs" / "hello.py"
 
@@ -55,17 +57,82 @@ def test_nccl_without_gpu_is_refused_with_a_fix():
         choose_backend("nccl")
 
 
-def test_more_processes_than_gpus_train_on_the_cpu(monkeypatch):
-    """2 ranks on a node with 1 GPU: auto picks gloo on the CPU; nccl is refused with the fix."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
-    assert choose_backend("auto", local_world_size=2) == "gloo"
-    assert choose_device("gloo", 1, "auto", local_world_size=2) == torch.device("cpu")
-    assert choose_backend("auto", local_world_size=1) == "nccl"
-    assert choose_device("nccl", 0, "auto", local_world_size=1) == torch.device("cuda", 0)
-    with pytest.raises(CourseError, match="one GPU per process: this node runs 2 processes and has 1 GPU"):
-        choose_backend("nccl", local_world_size=2)
+NONE = "the job asked Slurm for no GPU"
+# (backend, device, local rank, processes on the node, GPUs this process sees, bound by the launcher,
+#  GPUs the job holds here) -> (backend, device, a note?) or the error's words
+PLACEMENTS = [
+    # --gpus-per-node=4, one torchrun per node (or srun tasks that each see all 4): cuda:LOCAL_RANK
+    (("auto", "auto", 3, 4, 4, False, "0,1,2,3"), ("nccl", "cuda:3", False)),
+    (("auto", "cuda", 1, 4, 4, True, "0,1,2,3"), ("nccl", "cuda:1", False)),
+    # --gpus-per-task=1, --gpu-bind=single:1, or a site's CUDA_VISIBLE_DEVICES per task: each sees one, its own
+    (("auto", "auto", 3, 4, 1, True, "3"), ("nccl", "cuda:0", False)),
+    (("auto", "cuda", 2, 4, 1, True, "2"), ("nccl", "cuda:0", False)),
+    (("nccl", "cuda", 1, 2, 1, True, "1"), ("nccl", "cuda:0", False)),
+    # torchrun --nproc-per-node=2 on a laptop's one GPU: they would share it
+    (("auto", "auto", 1, 2, 1, False, None), ("gloo", "cpu", False)),
+    (("nccl", "auto", 1, 2, 1, False, None), "NCCL needs one GPU per process: this node runs 2 processes and has 1 GPU"),
+    (("auto", "cuda", 0, 2, 1, False, None), "--device cuda needs one GPU per process"),
+    (("gloo", "auto", 0, 2, 1, False, None), ("gloo", "cpu", False)),
+    # ... in a GPU job: the CPU, said in one line
+    (("auto", "auto", 0, 4, 2, False, "0,1"), ("gloo", "cpu", True)),
+    # no GPU visible: the CPU, silently outside a GPU job, in one line inside one; cuda and nccl refused
+    (("auto", "auto", 0, 2, 0, False, None), ("gloo", "cpu", False)),
+    (("auto", "auto", 0, 2, 0, False, "0,1"), ("gloo", "cpu", True)),
+    (("auto", "cuda", 0, 1, 0, False, None), "--device cuda, but this process sees no GPU: " + NONE),
+    (("nccl", "auto", 0, 1, 0, False, None), "NCCL needs a GPU, and this process sees none: " + NONE),
+    (("nccl", "cpu", 0, 1, 1, False, "0"), "NCCL needs a GPU, and --device cpu was asked for"),
+    # --device cpu on a GPU node: asked for, so nothing to say
+    (("auto", "cpu", 0, 4, 4, False, "0,1,2,3"), ("gloo", "cpu", False)),
+]
+
+
+@pytest.mark.parametrize("case, expected", PLACEMENTS, ids=[" ".join(map(str, c[0])) for c in PLACEMENTS])
+def test_the_device_follows_what_the_launcher_bound(case, expected):
+    backend, device, local_rank, local_world, gpus, bound, held = case
+    decide = lambda: place(backend, device, local_rank, local_world, gpus=gpus, bound=bound, held=held,  # noqa: E731
+                           why_none=lambda: NONE + ": add #SBATCH --gpus-per-node=N")
+    if isinstance(expected, str):
+        with pytest.raises(CourseError, match=re.escape(expected)):
+            decide()
+        return
+    placed = decide()
+    assert (placed.backend, str(placed.device), placed.note is not None) == expected
+    if placed.note:
+        assert f"holds GPUs here ({held})" in placed.note and "training on the CPU" in placed.note
+
+
+@pytest.mark.parametrize("environ, launcher, bound, held", [
+    ({"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "torchrun", False, "4"),
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, "slurm", True, "2"),
+    ({"SLURM_JOB_ID": "7"}, "slurm", False, None),
+    ({"CUDA_VISIBLE_DEVICES": "1"}, "mpi", True, None),
+])
+def test_what_slurm_says_the_job_holds_and_bound(environ, launcher, bound, held):
+    assert bound_one_each(launcher, environ) is bound and job_gpus(environ) == held
+
+
+def test_why_no_gpu_names_the_job_that_asked_for_none(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    if torch.version.cuda is None:
+        assert "CPU-only build" in why_no_gpu({})
+    else:
+        assert "asked Slurm for no GPU" in why_no_gpu({"SLURM_JOB_ID": "7"})
+        assert "no GPU on this machine" in why_no_gpu({})
+
+
+def _gpu_row(rank, node, local_rank, uuid):
+    return {"rank": rank, "node": node, "local_rank": local_rank, "device": "cuda:0", "name": "NVIDIA H100",
+            "uuid": uuid, "visible": str(local_rank), "torch": "2.14.1", "cuda": "13.0", "driver": "for CUDA 13.0"}
+
+
+def test_rank0_lists_each_ranks_gpu_and_two_ranks_on_one_gpu_stop_the_run():
+    own = [_gpu_row(r, f"n{r // 2 + 1}", r % 2, f"GPU-{r}") for r in range(4)]
+    lines, problem = describe_gpus(own)
+    assert problem is None and len(lines) == 4
+    assert lines[3].startswith("rank   3 on n2, local rank 1: cuda:0 = NVIDIA H100 (GPU-3), CUDA_VISIBLE_DEVICES=1")
+    shared = [_gpu_row(0, "n1", 0, "GPU-a"), _gpu_row(1, "n1", 1, "GPU-a"), _gpu_row(2, "n2", 0, "GPU-a")]
+    _, problem = describe_gpus(shared)  # rank 2, on another node, is not sharing with them
+    assert problem.startswith("ranks 0 and 1 on n1 share one GPU (GPU-a): each process needs its own")
 
 
 def test_hello_two_ranks_under_torchrun(tmp_path):

@@ -16,6 +16,7 @@ import torch
 from conftest import OFFLINE, ROOT, run, torchrun_cmd
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.dist import free_port
+from dpcourse.metrics import read_log
 from dpcourse.models import FashionCNN
 
 pytestmark = pytest.mark.slow
@@ -122,6 +123,53 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["event"] == "resume"] == [int(resumed[1])], "the restart left no record in the log"
     assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.90 and log[-1]["stop"] == "target_accuracy"
+
+
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_saved_then_resumed(tmp_path, fashion_root):
+    """SIGUSR1 (a job's time-limit warning) to rank 1 alone, mid-training: every rank stops after the same
+    step (one all_reduce a step), rank 0 saves that step and says so, all exit 0; --resume auto goes on from
+    exactly there. The run cannot end by itself (no step limit), so no clock decides what the test sees."""
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    common = ["--checkpoint-dir", ck, "--resume", "auto", "--log-json", log, "--log-every", 1, "--no-eval",
+              "--global-batch-size", 64]
+    proc = subprocess.Popen(torchrun_cmd(2, LAB, *common, "--epochs", 1000), cwd=ROOT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while not (log.exists() and '"train"' in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+        time.sleep(0.2)
+    os.kill(_worker_pid(str(ck), rank=1), signal.SIGUSR1)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    done = read_log(log)[-1]
+    assert done["event"] == "done" and done["stop"] == "signal" and done["replicas_max_diff"] == 0.0, done
+    stopped = done["step"]
+    assert f"stopped after step {stopped} by the job's time-limit warning (SIGUSR1); checkpoint of step {stopped}" in out, out
+    assert "Traceback" not in out, out
+    assert torch.load(ck / "last.pt", weights_only=True)["progress"]["step"] == stopped
+
+    resumed = run(torchrun_cmd(2, LAB, *common, "--max-steps", stopped + 2), timeout=120)
+    assert resumed.returncode == 0, resumed.stdout
+    assert f"resumed at step {stopped}" in resumed.stdout
+    assert read_log(log)[-1]["step"] == stopped + 2
+
+
+def test_a_signal_before_any_checkpoint_dir_says_nothing_was_saved(tmp_path, fashion_root):
+    """SIGTERM (scancel, the time limit itself) to a one-process run without --checkpoint-dir."""
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.Popen([sys.executable, str(LAB), "--log-json", str(log), "--log-every", "1", "--no-eval",
+                             "--epochs", "1000"], cwd=ROOT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while not (log.exists() and '"train"' in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    step = read_log(log)[-1]["step"]
+    assert f"stopped after step {step} by SIGTERM (time limit, scancel or preemption); nothing was saved " \
+           "(no --checkpoint-dir)" in out, out
 
 
 def test_a_dead_peer_without_restarts_ends_every_other_rank_quickly(tmp_path, fashion_root):

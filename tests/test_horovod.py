@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run, torchrun_cmd
+from dpcourse import localslurm
 from dpcourse.metrics import read_log
 
 LAB = ROOT / "solutions" / "labs" / "fashion_horovod.py"
@@ -121,7 +122,7 @@ def test_horovod_template_runs_under_srun(slurm, tmp_path):
     runs = tmp_path / "runs"
     start = time.monotonic()
     job = slurm.sbatch(ROOT / "slurm" / "horovod.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2",
-                       "--cpus-per-task=1", args=["--max-steps", "30", "--eval-every", "15", "--global-batch-size", "64"],
+                       "--cpus-per-task=1", args=["--max-steps", "30", "--eval-every", "15", "--global-batch-size", "64", *localslurm.ON_THE_CPU],
                        timeout=240, env={"RUNS": str(runs)})
     assert job.returncode == 0, job.log + job.output
     done = read_log(runs / "log.jsonl")[-1]

@@ -170,7 +170,7 @@ def test_imagenet_template_runs_on_two_nodes(slurm, tree, layout, tmp_path):
     runs, local = tmp_path / "runs", tmp_path / "local"
     t0 = time.monotonic()
     job = slurm.sbatch(ROOT / "slurm" / "imagenet.sbatch", *localslurm.FIT,
-                       args=[*SMALL, "--epochs", "2", "--batch-size", "8"],  # 4 ranks × 8
+                       args=[*SMALL, "--epochs", "2", "--batch-size", "8", *localslurm.ON_THE_CPU],  # 4 ranks × 8
                        timeout=300, env={"RUNS": str(runs), "IMAGENET": str(tree[layout]), "LOCAL_DATA": str(local)})
     seconds = time.monotonic() - t0
     assert job.returncode == 0, job.log + job.output

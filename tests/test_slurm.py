@@ -1,4 +1,5 @@
 """hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and on two, sbatch."""
+import json
 import os
 import re
 import signal
@@ -132,3 +133,72 @@ def test_the_clusters_daemons_end_when_their_starter_is_killed():
     while os.path.exists(f"/proc/{daemon}") and "Z" not in open(f"/proc/{daemon}/stat").read().split()[2]:
         assert time.monotonic() < deadline, "the daemon outlived the process that started it"
         time.sleep(0.1)
+
+
+def _state(slurm, job_id: str) -> str:
+    """squeue's state for the job, or GONE once it has left the queue."""
+    shown = slurm.run(["squeue", "--noheader", "--format=%i %T", f"--user={os.getuid()}"], timeout=10).stdout
+    return dict(line.split() for line in shown.splitlines() if len(line.split()) == 2).get(job_id, "GONE")
+
+
+def _wait_running(slurm, *job_ids: str) -> None:
+    deadline = time.monotonic() + 30
+    while any(_state(slurm, j) != "RUNNING" for j in job_ids):
+        assert time.monotonic() < deadline, slurm.run(["squeue"]).stdout
+        time.sleep(0.3)
+
+
+def test_on_a_real_cluster_the_course_cancels_only_the_jobs_it_submitted(slurm, tmp_path):
+    """What notebook 09 does on a login node (localslurm.Existing): a client that times out cancels
+    nothing and says how to look; a clean-up ends the jobs it submitted, never the learner's others
+    (here, a job submitted outside it with plain sbatch: their JupyterLab job, say)."""
+    from dpcourse.localslurm import Existing, SlurmTimeout
+
+    sleeper = ["--parsable", "-n1", "--cpus-per-task=1", f"--output={tmp_path}/%j.out", "--wrap=sleep 300"]
+    foreign = slurm.run(["sbatch", "--job-name=first-job", *sleeper]).stdout.strip().split(";")[0]
+    existing = Existing(tmp_path / "out")
+    existing.env = dict(slurm.env)  # a login node's Slurm: here, the test cluster's config
+    ours = existing.run(["sbatch", "--job-name=first-job", *sleeper]).stdout.strip().split(";")[0]
+    assert existing.submitted() == [ours]
+    try:
+        _wait_running(slurm, foreign, ours)
+        # A client that never answers in time (sbatch --wait on a job that sleeps 300 s): one message, no scancel.
+        with pytest.raises(SlurmTimeout, match=r"nothing was cancelled.*squeue --me"):
+            existing.run(["sbatch", "--wait", *sleeper[1:]], timeout=2)
+        assert _state(slurm, foreign) == "RUNNING" and _state(slurm, ours) == "RUNNING"
+        # cancel_all on a real cluster: the job it submitted, by id; the foreign one with the same name runs on.
+        assert existing.cancel_submitted("first-job") == [ours]
+        assert _state(slurm, ours) == "GONE" and _state(slurm, foreign) == "RUNNING"
+    finally:
+        slurm.cancel_all()  # the test's own cluster: everything on it is the test's
+
+
+@pytest.mark.parametrize("options, expected", [
+    # --gpus-per-node: every task sees the node's 2 GPUs and takes cuda:LOCAL_RANK
+    (["--gpus-per-node=2"], [("0,1", "cuda:0"), ("0,1", "cuda:1")]),
+    # --gpus-per-task=1: Slurm binds one to each task, which sees it as cuda:0
+    (["--gpus-per-task=1"], [("0", "cuda:0"), ("1", "cuda:0")]),
+    # --gpus-per-node with --gpu-bind=single:1: one each as well
+    (["--gpus-per-node=2", "--gpu-bind=single:1"], [("0", "cuda:0"), ("1", "cuda:0")]),
+], ids=["gpus-per-node", "gpus-per-task", "gpu-bind"])
+def test_each_task_takes_the_gpu_slurm_bound_to_it(slurm, options, expected):
+    """srun -N1 -n2 with each binding mode; each task's CUDA_VISIBLE_DEVICES comes from Slurm, and
+    tests/helpers/placement_probe.py prints the device and backend dpcourse.dist.placement picks."""
+    done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", *options, slurm.python, "tests/helpers/placement_probe.py")
+    assert done.returncode == 0, done.stdout
+    rows = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert [(r["visible"], r["device"]) for r in rows] == expected, done.stdout
+    assert all(r["backend"] == "nccl" and r["note"] is None for r in rows), rows
+
+
+def test_a_gpu_job_whose_processes_see_no_gpu_ends_with_one_line(slurm):
+    """--gpus-per-node=2 on the test cluster: Slurm hands out its pretend GPUs, CUDA finds none. --device cuda
+    (what the GPU templates pass) ends in one line from rank 0 naming the cause; auto says it trains on the CPU."""
+    start = time.perf_counter()
+    done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO, "--device", "cuda")
+    assert done.returncode != 0 and time.perf_counter() - start < 30, done.stdout
+    said = [line for line in done.stdout.splitlines() if "--device cuda, but this process sees no GPU" in line]
+    assert len(said) == 1 and "CUDA finds none of the GPUs Slurm gave the job" in said[0] and "Traceback" not in done.stdout, done.stdout
+    auto = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO)
+    assert auto.returncode == 0, auto.stdout
+    assert auto.stdout.count("this job holds GPUs here") == 1 and "training on the CPU" in auto.stdout, auto.stdout

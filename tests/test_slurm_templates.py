@@ -145,6 +145,8 @@ def final_line(output: str) -> re.Match:
 
 def submit(slurm, name, tmp_path, *options, args=SHORT, timeout=240, env=None):
     runs = tmp_path / "runs"
+    if name != "cpu.sbatch":  # a GPU template says --device cuda; the test cluster's GPUs are pretend
+        args = [*args, *localslurm.ON_THE_CPU]
     t0 = time.monotonic()
     job = slurm.sbatch(SLURM_DIR / name, *options, args=args, timeout=timeout, env={"RUNS": str(runs), **(env or {})})
     return job, time.monotonic() - t0, runs
@@ -214,7 +216,8 @@ def test_a_dead_rank_ends_the_job_fast(slurm, name, options, tmp_path):
     runs = tmp_path / "runs"
     result = {}
     thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
-        SLURM_DIR / name, *options, args=["--epochs", "1", "--timeout", "120"], timeout=300, env={"RUNS": str(runs)})))
+        SLURM_DIR / name, *options, args=["--epochs", "1", "--timeout", "120", *localslurm.ON_THE_CPU], timeout=300,
+        env={"RUNS": str(runs)})))
     thread.start()
     pid = rank_pid(3, str(runs))
     deadline = time.monotonic() + 120
@@ -232,35 +235,89 @@ def test_a_dead_rank_ends_the_job_fast(slurm, name, options, tmp_path):
     print(f"{name}: rank 3 killed, job over {ended:.1f} s later (exit status {job.returncode})")
 
 
-@pytest.mark.slow
-def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path):
-    runs = tmp_path / "runs"
-    args = ["--max-steps", "50", "--checkpoint-every", "10", "--global-batch-size", "64", "--no-eval"]
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
-        SLURM_DIR / "cpu.sbatch", args=args, timeout=300, env={"RUNS": str(runs)})))
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not (runs / "last.pt").exists():
-        assert time.monotonic() < deadline, "no checkpoint appeared"
+def _wait_for(what, ready, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not (found := ready()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
         time.sleep(0.2)
-    ids = slurm.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
-    assert ids, "the job is not in the queue"
-    requeue = slurm.run(["scontrol", "requeue", ids[0]])
+    return found
+
+
+def _records(path):
+    """The log's complete records so far (the last line may be half written)."""
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break
+    return records
+
+
+@pytest.mark.slow
+def test_a_preempted_job_resumes_and_a_warned_job_saves_requeues_and_resumes(slurm, tmp_path):
+    """cpu.sbatch, 2 nodes × 2 tasks, through three runs of one job. The lab cannot end by itself in the
+    first two (tests/helpers/open_ended_lab.py): only the test stops them, so no clock decides.
+    1. Requeued from outside (`scontrol requeue`: preemption, a node failure): the next run resumes from
+       the last periodic checkpoint (--checkpoint-every 10), repeating the steps since.
+    2. The time-limit warning (`#SBATCH --signal=B:USR1@…` delivers SIGUSR1 to the batch shell, as
+       `scancel --batch --signal=USR1` does here): every rank stops after the same step, rank 0 saves
+       it, the job requeues itself, and the next run resumes at that very step: nothing repeated."""
+    runs = tmp_path / "runs"
+    log = runs / "log.jsonl"
+    args = ["--global-batch-size", "64", "--no-eval", "--log-every", "1", "--checkpoint-every", "10"]
+    # Submitted without --wait: sbatch --wait can miss the end of a job that was requeued; slurm.wait asks for it.
+    submitted = slurm.run(["sbatch", "--parsable", f"--output={slurm.tmp}/job-%j.out", str(SLURM_DIR / "cpu.sbatch"), *args],
+                          env={"RUNS": str(runs), "LAB": str(ROOT / "tests" / "helpers" / "open_ended_lab.py"), "OPEN_RUNS": "2"})
+    assert submitted.returncode == 0, submitted.stdout
+    job_id = submitted.stdout.strip().split(";")[0]
+
+    # 1. A requeue from outside, once the first periodic checkpoint is there.
+    _wait_for("a checkpoint", lambda: (runs / "last.pt").exists())
+    requeue = slurm.run(["scontrol", "requeue", job_id])
     assert requeue.returncode == 0, requeue.stdout
     # Slurm holds a requeued job back until the first run's job credential has expired (AuthInfo's
-    # cred_expire: 10 s on the test cluster, 120 s by default); started sooner, slurmd refuses it
-    # ("Job credential revoked"), as it did once in CI when this test forced the start.
-    thread.join(timeout=280)
-    state, code = slurm.wait(result["job"].job_id, timeout=120)  # the requeued run's end, whenever sbatch returned
-    job = result["job"]._replace(output=slurm.output(result["job"].job_id))
-    assert (state, code) == ("COMPLETED", "0:0"), job.output + slurm.logs()
-    records = read_log(runs / "log.jsonl")
-    resumed = [r for r in records if r["event"] == "resume"]
-    assert resumed and resumed[0]["step"] >= 10, records
-    assert records[-1]["event"] == "done" and records[-1]["step"] == 50 and records[-1]["world_size"] == 4
-    assert job.output.count("resumed at step") == 1 and "DUE TO JOB REQUEUE" in job.output, job.output
-    print(f"cpu.sbatch on 2 nodes × 2 tasks: requeued at step {resumed[0]['step']}, finished at step 50")
+    # cred_expire: 10 s on the test cluster, 120 s by default); started sooner, slurmd refuses it.
+
+    # 2. The time-limit warning, once the requeued run has resumed and trained a step.
+    def resumed_and_training():
+        records = _records(log)
+        starts = [i for i, r in enumerate(records) if r["event"] == "resume"]
+        return starts and any(r["event"] == "train" for r in records[starts[0]:])
+    _wait_for("the second run training", resumed_and_training, timeout=180)
+    warned = slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
+    assert warned.returncode == 0, warned.stdout
+
+    state, code = slurm.wait(int(job_id), timeout=180)  # the third run's end
+    output = slurm.output(int(job_id))
+    assert (state, code) == ("COMPLETED", "0:0"), output + slurm.logs()
+    records = read_log(log)
+    runs_ = [[]]  # the log split at each resume: one list of records per run
+    for r in records:
+        if r["event"] == "resume":
+            runs_.append([])
+        runs_[-1].append(r)
+    assert len(runs_) == 3, records
+    first, second, third = runs_
+    # 1. `scontrol requeue` sends SIGTERM, which the lab takes as it takes the warning: it saves the step it
+    #    stopped after, if Slurm's KillWait leaves it the time; else the last periodic checkpoint is used.
+    resumed = second[0]["step"]
+    saved = [r["step"] for r in first if r["event"] == "done" and r["stop"] == "signal"]
+    assert resumed == (saved[0] if saved else resumed // 10 * 10) and resumed >= 10, first[-3:] + second[:1]
+    # 2. The warning: the run stops after one step on every rank, saves it, and the next run starts there.
+    done = [r for r in second if r["event"] == "done"]
+    assert done and done[-1]["stop"] == "signal", second[-3:]
+    stop = done[-1]["step"]
+    assert third[0]["step"] == stop, "the warned run's checkpoint is the step it stopped after: nothing repeated"
+    assert third[-1]["event"] == "done" and third[-1]["stop"] == "max_steps" and third[-1]["step"] == stop + 10
+    assert third[-1]["world_size"] == 4
+    assert output.count("time-limit warning (SIGUSR1)") == 1 and f"scontrol requeue {job_id}" in output, output
+    assert f"stopped after step {stop} by the job's time-limit warning" in output or \
+        f"stopped after step {stop} by SIGTERM" in output, output
+    assert f"resumed at step {stop}" in output and "DUE TO JOB REQUEUE" in output, output
+    print(f"cpu.sbatch on 2 nodes × 2 tasks: requeued from outside, resumed at step {resumed} (saved on SIGTERM: "
+          f"{bool(saved)}); warned, saved and "
+          f"requeued itself at step {stop}; finished at step {stop + 10}")
 
 
 @pytest.mark.slow

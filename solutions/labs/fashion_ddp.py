@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env
+from dpcourse import dist as ddp_env, preemption
 from dpcourse.data import InMemoryFashionMNIST, torchvision_fashion_mnist
 from dpcourse.metrics import JsonLog, StepTimer
 from dpcourse.models import FashionCNN
@@ -48,6 +48,7 @@ def setup(args):
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
+    ddp_env.gpu_roll_call(env)  # on GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop here
     return env
 
 
@@ -162,6 +163,7 @@ def load_checkpoint(path, model, opt, sched, env, global_batch):
 
 
 def main(args):
+    caught = preemption.catch()  # SIGUSR1 (a job's time-limit warning) and SIGTERM: stop after a step, saved
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     batch, global_batch = batch_sizes(args, env)
@@ -330,7 +332,7 @@ def main(args):
             elif step % args.log_every == 0:
                 record("train")
             if stop_reason is None:
-                stop_reason = out_of_budget(args, step, log.elapsed(), device)
+                stop_reason = should_stop(args, step, log.elapsed(), caught, device)
             if stop_reason:
                 break
             start = time.perf_counter()
@@ -353,8 +355,8 @@ def main(args):
     if profiler:
         profiler.stop()
 
-    if not args.no_eval and (last_eval["test_accuracy"] is None or progress["step_in_epoch"]):
-        test_images = evaluate_now()  # stopped mid-epoch: evaluate what we have
+    if stop_reason != "signal" and not args.no_eval and (last_eval["test_accuracy"] is None or progress["step_in_epoch"]):
+        test_images = evaluate_now()  # stopped mid-epoch: evaluate what we have (not in a time-limit warning's last seconds)
     final = record("done", test_images=test_images, stop=stop_reason or "epochs",
                    replicas_max_diff=replica_spread(model, device))
     if rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
@@ -364,6 +366,10 @@ def main(args):
         if args.checkpoint_dir:
             progress.update(elapsed_s=log.elapsed(), finished=final["stop"] if final["stop"] == "target_accuracy" else None)
             save_checkpoint(Path(args.checkpoint_dir) / "last.pt", unwrap(model), opt, sched, progress, args, env)
+        if stop_reason == "signal":
+            print(preemption.stopped_message(caught, step, args.checkpoint_dir and Path(args.checkpoint_dir) / "last.pt"), flush=True)
+    if stop_reason == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
+        dist.barrier()  # DDP: wait for rank 0's checkpoint
     cleanup()
 
 
@@ -399,16 +405,17 @@ def trace_profiler(path, wait=5, active=3):
     return prof
 
 
-def out_of_budget(args, step, elapsed, device):
-    """'max_steps', 'time_budget' or None; rank 0 decides the time so all ranks stop at one step."""
+def should_stop(args, step, elapsed, caught, device):
+    """'max_steps', 'time_budget', 'signal' or None: the same on every rank, which stop after the same step.
+    Rank 0's clock decides the time budget; a signal caught on any rank stops them all."""
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
-    if args.time_budget:
-        over = torch.tensor([float(elapsed >= args.time_budget)], device=device)
-        dist.broadcast(over, src=0)  # DDP: every rank stops after the same step
-        if over.item():
-            return "time_budget"
-    return None
+    flags = torch.tensor([float(dist.get_rank() == 0 and args.time_budget is not None and elapsed >= args.time_budget),
+                          float(caught.number)], device=device)  # the signal's number, 0 if none
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # DDP: one collective a step; the largest flag wins
+    over, signum = flags.tolist()
+    caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run
+    return "time_budget" if over else "signal" if signum else None
 
 
 def replica_spread(model, device):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env
+from dpcourse import CourseError, dist as ddp_env, preemption
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.metrics import JsonLog
 from dpcourse.models import FashionCNN
@@ -43,12 +43,17 @@ def setup(args):
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     hvd.init()  # Horovod: rank and size from horovodrun (gloo) or from MPI (mpirun, srun --mpi=pmix)
     ddp_env.explain_errors()  # an unfinished exercise, a lost peer: one line, not a traceback per rank
-    if args.device != "cpu" and torch.cuda.is_available():
-        torch.cuda.set_device(hvd.local_rank())  # Horovod: one GPU per process, pinned by local rank
-        return torch.device("cuda", hvd.local_rank())
-    if args.device == "cuda":
-        stop("--device cuda: no GPU is visible here. Leave out --device, or run on a GPU node.")
-    return torch.device("cpu")
+    # cuda:LOCAL_RANK when this process sees all of the node's GPUs, cuda:0 when srun bound it one (--gpus-per-task=1)
+    where = ddp_env.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), ddp_env.env_info().launcher)
+    try:
+        placed = ddp_env.placement("gloo", args.device, where)  # (the backend is Horovod's: only the device counts)
+    except CourseError as err:
+        stop(err.message)
+    if placed.note and hvd.local_rank() == 0:
+        print(f"[rank {hvd.rank()}] {placed.note}", flush=True)
+    if placed.device.type == "cuda":
+        torch.cuda.set_device(placed.device)  # Horovod: one GPU per process
+    return placed.device
 
 
 def stop(message):
@@ -138,6 +143,7 @@ def load_checkpoint(path, model, opt, sched, global_batch):
 
 
 def main(args):
+    caught = preemption.catch()  # SIGUSR1 (a job's time-limit warning) and SIGTERM: stop after a step, saved
     device = setup(args)
     rank, world_size = hvd.rank(), hvd.size()  # Horovod: who am I, how many are we?
     batch, global_batch = batch_sizes(args)
@@ -278,7 +284,7 @@ def main(args):
             elif step % args.log_every == 0:
                 record("train")
             if stop_reason is None:
-                stop_reason = out_of_budget(args, step, log.elapsed())
+                stop_reason = should_stop(args, step, log.elapsed(), caught)
             if stop_reason:
                 break
             start = time.perf_counter()
@@ -298,8 +304,8 @@ def main(args):
                     save_checkpoint(Path(args.checkpoint_dir) / "last.pt", model, opt, sched, progress)
     bar.close()
 
-    if not args.no_eval and (last_eval["test_accuracy"] is None or progress["step_in_epoch"]):
-        test_images = evaluate_now()  # stopped mid-epoch: evaluate what we have
+    if stop_reason != "signal" and not args.no_eval and (last_eval["test_accuracy"] is None or progress["step_in_epoch"]):
+        test_images = evaluate_now()  # stopped mid-epoch: evaluate what we have (not in a time-limit warning's last seconds)
     final = record("done", test_images=test_images, stop=stop_reason or "epochs",
                    replicas_max_diff=replica_spread(model))
     if rank == 0:  # Horovod: rank 0 reports and saves; the others hold the same weights
@@ -309,6 +315,10 @@ def main(args):
         if args.checkpoint_dir:
             progress.update(elapsed_s=log.elapsed(), finished=final["stop"] if final["stop"] == "target_accuracy" else None)
             save_checkpoint(Path(args.checkpoint_dir) / "last.pt", model, opt, sched, progress)
+        if stop_reason == "signal":
+            print(preemption.stopped_message(caught, step, args.checkpoint_dir and Path(args.checkpoint_dir) / "last.pt"), flush=True)
+    if stop_reason == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
+        hvd.barrier()  # Horovod: wait for rank 0's checkpoint
     hvd.shutdown()  # Horovod: stop the background thread, so that every rank exits cleanly
 
 
@@ -319,15 +329,16 @@ def tested(record):
     return f"test accuracy {record['test_accuracy']:.4f}, test loss {record['test_loss']:.4f}"
 
 
-def out_of_budget(args, step, elapsed):
-    """'max_steps', 'time_budget' or None; rank 0 decides the time so all ranks stop at one step."""
+def should_stop(args, step, elapsed, caught):
+    """'max_steps', 'time_budget', 'signal' or None: the same on every rank, which stop after the same step.
+    Rank 0's clock decides the time budget; a signal caught on any rank stops them all."""
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
-    if args.time_budget:
-        over = hvd.broadcast(torch.tensor([float(elapsed >= args.time_budget)]), root_rank=0, name="over")  # Horovod
-        if over.item():
-            return "time_budget"
-    return None
+    flags = torch.tensor([float(hvd.rank() == 0 and args.time_budget is not None and elapsed >= args.time_budget),
+                          float(caught.number)])  # the signal's number, 0 if none
+    over, signum = hvd.allreduce(flags, op=hvd.Max, name="should_stop").tolist()  # Horovod: one collective a step
+    caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run
+    return "time_budget" if over else "signal" if signum else None
 
 
 def replica_spread(model):

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env
+from dpcourse import dist as ddp_env, preemption
 from dpcourse.images import collate_bytes, decode_batch, image_dataset, normalize, stage
 from dpcourse.metrics import JsonLog
 from dpcourse.options import Defaults  # --help with each option's default, once
@@ -56,6 +56,7 @@ def setup(args):
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
+    ddp_env.gpu_roll_call(env)  # on GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop here
     return env
 
 
@@ -176,6 +177,7 @@ def load_checkpoint(path, model, opt, sched, scaler, config, env):
 
 
 def main(args):
+    caught = preemption.catch()  # SIGUSR1 (a job's time-limit warning) and SIGTERM: stop after a step, saved
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     device = env.device
@@ -317,7 +319,7 @@ def main(args):
                 progress["elapsed_s"] = log.elapsed()
                 if rank == 0:  # DDP: one writer; every replica holds the same weights
                     save_checkpoint(Path(args.checkpoint_dir) / "last.pt", unwrap(model), opt, sched, scaler, progress, config)
-            stop_reason = out_of_budget(args, step, log.elapsed(), device)
+            stop_reason = should_stop(args, step, log.elapsed(), caught, device)
             if stop_reason:
                 break
             ready = time.perf_counter()
@@ -338,7 +340,7 @@ def main(args):
     bar.close()
     if window["steps"]:
         window["seconds"] += time.perf_counter() - start
-    if stop_reason and progress["step_in_epoch"] and not (args.no_eval or args.synthetic):
+    if stop_reason not in (None, "signal") and progress["step_in_epoch"] and not (args.no_eval or args.synthetic):
         tested = evaluate(args, unwrap(model), val_set, env, fmt, amp)  # stopped mid-epoch: test what we have
     final = record("done", stop=stop_reason or "epochs", flops_per_image=flops)
     if rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
@@ -348,6 +350,10 @@ def main(args):
         if args.checkpoint_dir:
             progress["elapsed_s"] = log.elapsed()
             save_checkpoint(Path(args.checkpoint_dir) / "last.pt", unwrap(model), opt, sched, scaler, progress, config)
+        if stop_reason == "signal":
+            print(preemption.stopped_message(caught, step, args.checkpoint_dir and Path(args.checkpoint_dir) / "last.pt"), flush=True)
+    if stop_reason == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
+        dist.barrier()  # DDP: wait for rank 0's checkpoint
     cleanup()
 
 
@@ -393,16 +399,17 @@ def peak_tflops(args, device):
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
-def out_of_budget(args, step, elapsed, device):
-    """'max_steps', 'time_budget' or None; rank 0 decides the time so all ranks stop at one step."""
+def should_stop(args, step, elapsed, caught, device):
+    """'max_steps', 'time_budget', 'signal' or None: the same on every rank, which stop after the same step.
+    Rank 0's clock decides the time budget; a signal caught on any rank stops them all."""
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
-    if args.time_budget:
-        over = torch.tensor([float(elapsed >= args.time_budget)], device=device)
-        dist.broadcast(over, src=0)  # DDP: every rank stops after the same step
-        if over.item():
-            return "time_budget"
-    return None
+    flags = torch.tensor([float(dist.get_rank() == 0 and args.time_budget is not None and elapsed >= args.time_budget),
+                          float(caught.number)], device=device)  # the signal's number, 0 if none
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # DDP: one collective a step; the largest flag wins
+    over, signum = flags.tolist()
+    caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run
+    return "time_budget" if over else "signal" if signum else None
 
 
 def parse_args(argv=None):

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -143,44 +145,169 @@ def available_backends() -> dict[str, bool]:
             "mpi": dist.is_mpi_available()}
 
 
-def _gpus_for(local_world_size: int) -> bool:
-    """True when this node has a GPU for each of its processes (NCCL needs one GPU per rank)."""
-    return torch.cuda.is_available() and local_world_size <= torch.cuda.device_count()
+def job_gpus(environ=None) -> str | None:
+    """The GPUs Slurm gave this job on this node ('0,1', or a count), or None outside a GPU job."""
+    e = os.environ if environ is None else environ
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if e.get(name):
+            return e[name]
+    return e["SLURM_GPUS_ON_NODE"] if e.get("SLURM_GPUS_ON_NODE", "0") not in ("", "0") else None
+
+
+def bound_one_each(launcher: str, environ=None) -> bool:
+    """Whether each process was handed GPUs of its own: srun's --gpus-per-task or --gpu-bind, or a
+    site's CUDA_VISIBLE_DEVICES per rank (srun and mpirun). torchrun and horovodrun hand out nothing."""
+    e = os.environ if environ is None else environ
+    return launcher in ("slurm", "mpi") and "CUDA_VISIBLE_DEVICES" in e
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+
+def why_no_gpu(environ=None) -> str:
+    """Why torch sees no GPU here, in one clause: the build, the driver, the vendor, or the job."""
+    e = os.environ if environ is None else environ
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"this PyTorch ({torch.__version__}) is a CPU-only build: install the CUDA one"
+    if shutil.which("nvidia-smi"):
+        try:
+            smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20)
+            said = smi.stdout + smi.stderr
+        except (OSError, subprocess.SubprocessError) as err:
+            said = str(err)
+        driver = re.search(r"CUDA Version:\s*([\d.]+)", said)
+        if driver and torch.version.cuda and _version(driver.group(1)) < _version(torch.version.cuda):
+            version = re.search(r"Driver Version:\s*([\d.]+)", said)
+            return (f"the NVIDIA driver{' ' + version.group(1) if version else ''} supports CUDA up to "
+                    f"{driver.group(1)}, older than the CUDA {torch.version.cuda} this PyTorch was built for: "
+                    f"load a newer driver (ask your admins), or install a PyTorch built for CUDA {driver.group(1)}")
+        if not driver:
+            return "nvidia-smi finds no working GPU: " + (said.strip().splitlines() or ["(no output)"])[-1]
+    elif os.path.exists("/dev/kfd") or shutil.which("rocm-smi"):
+        return ("this node's GPUs are AMD (ROCm) and this PyTorch is NVIDIA's CUDA build: use the ROCm "
+                "build of PyTorch, or a partition with NVIDIA GPUs")
+    if job_gpus(e) is None:
+        if "SLURM_JOB_ID" in e:
+            return "the job asked Slurm for no GPU: add #SBATCH --gpus-per-node=N (or --gpus-per-task=1)"
+        return "there is no GPU on this machine"
+    return (f"CUDA finds none of the GPUs Slurm gave the job ({job_gpus(e)}; CUDA_VISIBLE_DEVICES="
+            f"{e.get('CUDA_VISIBLE_DEVICES', 'unset')}): check nvidia-smi on the node")
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: str
+    device: torch.device
+    note: str | None = None  # one line to say: auto trains on the CPU although the job holds GPUs
+
+
+def place(backend: str = "auto", device: str = "auto", local_rank: int = 0, local_world_size: int = 1, *,
+          gpus: int, bound: bool = False, held: str | None = None, nccl: bool = True,
+          why_none=lambda: "") -> Placement:
+    """This process's backend and device, decided from what it sees (no side effects; the table in
+    tests/test_dist.py goes through every case).
+
+    gpus: the GPUs this process sees; bound: the launcher gave each process its own (then it
+    takes its first, cuda:0); held: the GPUs the job holds on this node (None: no GPU job);
+    why_none: why torch sees no GPU (called only when needed)."""
+    if backend not in ("auto", "gloo", "nccl", "mpi"):
+        raise CourseError(f"Unknown backend {backend!r}: use auto, gloo or nccl.")
+    if gpus >= local_world_size and gpus > 0:
+        gpu = local_rank  # all of the node's GPUs are visible to every process: one each
+    elif gpus > 0 and bound:
+        gpu = local_rank % gpus  # the launcher bound this process to its own (usually one: cuda:0)
+    else:
+        gpu = None
+    sharing = gpus > 0 and gpu is None
+    share = (f"this node runs {local_world_size} processes and has {gpus} GPU(s) they would share. Start at "
+             f"most {gpus} per node (--nproc-per-node, --ntasks-per-node), or give each task its own "
+             "(srun --gpus-per-task=1)")
+    if device == "cuda" and gpu is None:
+        raise CourseError(f"--device cuda needs one GPU per process: {share}." if sharing
+                          else f"--device cuda, but this process sees no GPU: {why_none()}.")
+    if backend == "nccl" and (gpu is None or device == "cpu"):
+        if device == "cpu":
+            raise CourseError("NCCL needs a GPU, and --device cpu was asked for: use --backend gloo.")
+        if sharing:
+            raise CourseError(f"NCCL needs one GPU per process: {share}, or use --backend gloo.")
+        raise CourseError(f"NCCL needs a GPU, and this process sees none: {why_none()}. On a CPU node "
+                          "use --backend gloo (or --backend auto).")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise CourseError("This PyTorch build has no MPI backend: use --backend gloo or nccl.")
+    on_gpu = gpu is not None and device != "cpu"
+    chosen = ("nccl" if on_gpu and nccl else "gloo") if backend == "auto" else backend
+    note = None
+    if device == "auto" and not on_gpu and held is not None:
+        why = share if sharing else why_none()
+        note = (f"this job holds GPUs here ({held}), but {why}; training on the CPU with {chosen} "
+                "(--device cuda makes this an error)")
+    return Placement(chosen, torch.device("cuda", gpu) if on_gpu else torch.device("cpu"), note)
+
+
+def placement(backend: str = "auto", device: str = "auto", info: DistEnv | None = None) -> Placement:
+    """``place()`` for this process: what torch sees, the launcher's binding, Slurm's variables."""
+    info = info or env_info()
+    return place(backend, device, info.local_rank, info.local_world_size,
+                 gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                 bound=bound_one_each(info.launcher), held=job_gpus(), nccl=dist.is_nccl_available(),
+                 why_none=why_no_gpu)
+
+
+def describe_gpus(rows: list[dict]) -> tuple[list[str], str | None]:
+    """Rank 0's lines for ``gpu_roll_call`` (one per rank), and the problem when two ranks share a GPU."""
+    lines = [f"rank {r['rank']:>3} on {r['node']}, local rank {r['local_rank']}: {r['device']} = {r['name']} "
+             f"({r['uuid']}), CUDA_VISIBLE_DEVICES={r['visible']}; torch {r['torch']}, CUDA {r['cuda']}, "
+             f"driver {r['driver']}" for r in sorted(rows, key=lambda r: r["rank"])]
+    seen: dict[tuple, list[int]] = {}
+    for r in rows:
+        seen.setdefault((r["node"], r["uuid"]), []).append(r["rank"])
+    shared = [(node, uuid, ranks) for (node, uuid), ranks in seen.items() if len(ranks) > 1]
+    if not shared:
+        return lines, None
+    node, uuid, ranks = shared[0]
+    return lines, (f"ranks {_ranks(sorted(ranks))} on {node} share one GPU ({uuid}): each process needs its own. "
+                   "Ask Slurm for one per process (--gpus-per-node equal to the processes per node, or srun "
+                   "--gpus-per-task=1), or start fewer processes per node.")
+
+
+def _driver() -> str:
+    try:  # the CUDA version the driver supports, e.g. 12040 -> 12.4
+        v = torch._C._cuda_getDriverVersion()
+        return f"for CUDA {v // 1000}.{v % 1000 // 10}"
+    except (AttributeError, RuntimeError):
+        return "?"
+
+
+def gpu_roll_call(env: DistEnv) -> None:
+    """In a GPU run, right after init_process_group: rank 0 prints one line per rank (node, local rank,
+    the GPU it took with its name and UUID, torch, CUDA, driver), and two ranks on one GPU end the run
+    with the fix. Nothing on the CPU."""
+    if env.device.type != "cuda":
+        return
+    props = torch.cuda.get_device_properties(env.device)
+    mine = {"rank": env.rank, "node": socket.gethostname(), "local_rank": env.local_rank, "device": str(env.device),
+            "name": props.name, "uuid": str(getattr(props, "uuid", "?")), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "driver": _driver(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}
+    everyone: list = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    lines, problem = describe_gpus(everyone)
+    if env.rank == 0:
+        print("\n".join(lines), flush=True)
+    if problem:
+        stop(env, problem)
 
 
 def choose_backend(backend: str = "auto", device: str = "auto", local_world_size: int = 1) -> str:
-    """NCCL when we train on GPUs (one per process), gloo on the CPU; NCCL without a GPU for
-    each process on this node is refused with a fix."""
-    if backend not in ("auto", "gloo", "nccl", "mpi"):
-        raise CourseError(f"Unknown backend {backend!r}: use auto, gloo or nccl.")
-    cuda = torch.cuda.is_available() and device != "cpu"
-    if backend == "auto":  # more processes than GPUs (2 ranks on a laptop's 1 GPU): the CPU
-        return "nccl" if cuda and _gpus_for(local_world_size) and dist.is_nccl_available() else "gloo"
-    if backend == "nccl" and not cuda:
-        why = "this process sees no GPU" if not torch.cuda.is_available() else "--device cpu was asked for"
-        raise CourseError(
-            f"NCCL needs a GPU, and {why}. On a CPU node use --backend gloo (or --backend auto); "
-            "on a GPU node check `nvidia-smi` and that the job asked for GPUs (--gpus-per-node).")
-    if backend == "nccl" and not _gpus_for(local_world_size):
-        raise CourseError(
-            f"NCCL needs one GPU per process: this node runs {local_world_size} processes and has "
-            f"{torch.cuda.device_count()} GPU(s). Start at most {torch.cuda.device_count()} per node "
-            "(--nproc-per-node, --ntasks-per-node), or use --backend gloo.")
-    if backend == "mpi" and not dist.is_mpi_available():
-        raise CourseError("This PyTorch build has no MPI backend: use --backend gloo or nccl.")
-    return backend
+    """The backend ``placement`` picks for local rank 0 of ``local_world_size``."""
+    return placement(backend, device, DistEnv(local_world_size=local_world_size, launcher=env_info().launcher)).backend
 
 
 def choose_device(backend: str, local_rank: int = 0, device: str = "auto",
                   local_world_size: int = 1) -> torch.device:
-    """One GPU per process (cuda:LOCAL_RANK) with NCCL, or when asked; else the CPU. ``auto``
-    takes the GPU only when every process on this node can have one of its own."""
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CourseError("--device cuda was asked for, but this process sees no GPU: use --device cpu.")
-    if backend == "nccl" or device == "cuda" or (device == "auto" and _gpus_for(local_world_size)):
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    """The device ``placement`` picks for ``local_rank`` of ``local_world_size`` with ``backend``."""
+    info = DistEnv(local_rank=local_rank, local_world_size=local_world_size, launcher=env_info().launcher)
+    return placement(backend, device, info).device
 
 
 def bar_off(rank: int) -> bool | None:
@@ -422,10 +549,12 @@ def prepare(backend: str = "auto", device: str = "auto",
     """
     info = env_info()
     try:
-        backend = choose_backend(backend, device, info.local_world_size)
-        dev = choose_device(backend, info.local_rank, device, info.local_world_size)
+        placed = placement(backend, device, info)
     except CourseError as err:  # every rank asked for the same thing: rank 0 says it
         stop(info, err.message)
+    backend, dev = placed.backend, placed.device
+    if placed.note and info.local_rank == 0:  # one line per node: the node's first process says it
+        print(f"[rank {info.rank}] {placed.note}", file=sys.stderr, flush=True)
     if info.world_size > 1:
         explain_errors()
     if info.launcher == "none":  # one process: a private group on this machine

@@ -57,23 +57,23 @@ def check_torch() -> list:
 
 
 def check_gpus(info: ddp_env.DistEnv, backend: str) -> list:
+    """What the labs' --device auto (and --device cuda) would take here, and why (dist.placement)."""
     visible = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}"
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    placed = ddp_env.placement("auto", "auto", info)  # the device; --backend's own line is check_backends'
+    if placed.note:  # the job holds GPUs that the labs cannot use: --device cuda would fail
+        return [(PROBLEM, "GPUs", placed.note)]
     if n == 0:
-        given = os.environ.get("SLURM_GPUS_ON_NODE", "0") not in ("", "0") \
-            or os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1")
-        if given:
-            return [(WARNING, "GPUs", f"this job was given GPUs ({visible}), but torch sees none. Check "
-                     f"`nvidia-smi`; the driver may be older than the CUDA {torch.version.cuda} this torch needs.")]
         return [(OK, "GPUs", f"none visible ({visible}): the labs train on the CPU")]
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(n))
-    if info.local_world_size > n:
+    if placed.device.type != "cuda":
         return [(PROBLEM if backend == "nccl" else WARNING, "GPUs",
-                 f"{n} ({names}, {visible}) for {info.local_world_size} processes on this node: NCCL needs one "
-                 f"GPU per process. Start at most {n} per node (--nproc-per-node, --ntasks-per-node), or "
-                 "use --backend gloo, which trains on the CPU.")]
-    return [(OK, "GPUs", f"{n} ({names}, {visible}); local rank {info.local_rank} of "
-             f"{info.local_world_size} uses cuda:{info.local_rank % n}")]
+                 f"{n} ({names}, {visible}) for {info.local_world_size} processes on this node, which would share "
+                 f"them: NCCL needs one GPU per process, and --device auto trains on the CPU. Start at most {n} per "
+                 "node (--nproc-per-node, --ntasks-per-node), or give each task its own (srun --gpus-per-task=1).")]
+    how = "bound to this process by the launcher" if ddp_env.bound_one_each(info.launcher) and n < info.local_world_size \
+        else f"local rank {info.local_rank} of {info.local_world_size}"
+    return [(OK, "GPUs", f"{n} ({names}, {visible}); {how}: {placed.device} with {placed.backend}")]
 
 
 def check_backends(info: ddp_env.DistEnv, backend: str) -> tuple[list, str | None]:

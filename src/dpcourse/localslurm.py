@@ -2,8 +2,9 @@
 
 munged, slurmctld and two slurmd daemons (nodes n1 and n2, 2 CPUs and 2 pretend GPUs each, both
 127.0.0.1, each on its own port) run as root with their config, state, sockets and logs in one
-temporary folder. The GPUs are a count only (no devices): `--gpus-per-node=2` is granted and
-SLURM_GPUS_ON_NODE says 2, so the GPU templates of slurm/ run as they are, their processes on the CPU.
+temporary folder. The GPUs are pretend (device files that are /dev/null): `--gpus-per-node=2` is
+granted, and Slurm sets SLURM_GPUS_ON_NODE and each task's CUDA_VISIBLE_DEVICES as on a GPU node;
+torch finds no GPU behind them, so the GPU templates' processes run on the CPU (``ON_THE_CPU``).
 Every Slurm command finds that config through SLURM_CONF in ``Cluster.env``; ``Cluster.run``,
 ``srun`` and ``sbatch`` set it, and drop the launcher variables (RANK, SLURM_*, ...) of whatever
 runs the tests, so that a job sees only what Slurm and the test give it.
@@ -21,6 +22,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,10 +33,14 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]  # the course checkout (src/dpcourse/ is two below)
 NODES = ("n1", "n2")
-GPUS = 2  # per node, pretend: Slurm hands them out, nothing uses them
+GPUS = 2  # per node, pretend: Slurm hands them out, torch finds none behind them
 # The templates ask for a real node's worth (4 GPUs, 32 CPUs); these sbatch options shrink a job
 # to this cluster's nodes, as a learner's own options would.
 FIT = ("--gpus-per-node=2", "--cpus-per-task=2")
+# The GPU templates pass --device cuda: a job that cannot use its GPUs ends with one message instead
+# of training on the CPU. This cluster's GPUs are pretend, so a lab option after the template's
+# (the last one wins) puts the processes on the CPU.
+ON_THE_CPU = ("--device", "cpu")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 # Set by an outer launcher (an outer Slurm job, torchrun, mpirun): a job must not inherit them.
 LEAKY = re.compile(r"(SLURM_|SBATCH_|SRUN_|SALLOC_|OMPI_|PMIX_|PMI_|TORCHELASTIC_|MASTER_).*"
@@ -94,7 +100,13 @@ def clean_env(**extra: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", **extra}
 
 
+class SlurmTimeout(TimeoutError):
+    """A Slurm client command (sbatch, squeue, srun) did not answer in time: nothing was cancelled."""
+
+
 class Cluster:
+    """The course's own two-node cluster, started by ``start()``: everything on it is ours."""
+
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.conf = tmp / "slurm.conf"
@@ -105,14 +117,63 @@ class Cluster:
 
     def run(self, cmd: list[str], timeout: float = 60, env: dict | None = None,
             input: str | None = None) -> subprocess.CompletedProcess:
-        """Run ``cmd`` in the repo root against this cluster; stdout and stderr merged, as text."""
+        """Run ``cmd`` in the repo root against this cluster; stdout and stderr merged, as text.
+        A job that ``sbatch`` submits is recorded (``submitted``): the only jobs ``cancel_submitted``
+        ever cancels."""
         try:
-            return subprocess.run(cmd, cwd=ROOT, env=clean_env(**self.env, **(env or {})),
+            done = subprocess.run(cmd, cwd=ROOT, env=clean_env(**self.env, **(env or {})),
                                   input=input, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.cancel_all()  # a killed srun/sbatch leaves its job behind; the next test needs the nodes
+            self.timed_out(cmd, timeout)
             raise
+        if cmd and Path(cmd[0]).name == "sbatch" and done.returncode == 0:
+            self._record(done.stdout, cmd)
+        return done
+
+    def timed_out(self, cmd: list[str], timeout: float) -> None:
+        """A client command hung. On the course's own cluster, whatever it left behind is ours: end it
+        (a killed srun/sbatch leaves its job running, and the next test needs the nodes)."""
+        self.cancel_all()
+
+    # ------------------------------------------------------------ the jobs this object submitted
+    @property
+    def _ledger(self) -> Path:
+        return self.tmp / ".dpcourse-submitted"  # the id of each job sbatch submitted, one per line
+
+    def _record(self, sbatch_out: str, cmd: list[str]) -> None:
+        m = re.search(r"Submitted batch job (\d+)", sbatch_out) or re.match(r"\s*(\d+)(;\S+)?\s*$", sbatch_out)
+        if m:
+            self._ledger.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._ledger, "a") as f:
+                f.write(m.group(1) + "\n")
+
+    def submitted(self) -> list[str]:
+        """The ids of the jobs this cluster object submitted (kept in its folder, across kernels)."""
+        return self._ledger.read_text().split() if self._ledger.exists() else []
+
+    def cancel_submitted(self, name: str | None = None, timeout: float = 30) -> list[str]:
+        """scancel the jobs this object submitted (those named ``name``, if given) that are still
+        queued or running, and wait until they have left the queue; their ids. Never anybody else's
+        job, and none of this user's other jobs (their JupyterLab job, another course's run)."""
+        def alive() -> list[str]:
+            if not (ids := self.submitted()):
+                return []
+            # This user's jobs, then ours among them (squeue --jobs fails outright on a job that has left)
+            shown = self.run(["squeue", "--noheader", "--format=%i %j", f"--user={os.getuid()}"], timeout=timeout)
+            rows = [line.split(maxsplit=1) for line in shown.stdout.splitlines()]
+            return [row[0] for row in rows if len(row) == 2 and row[0] in ids and name in (None, row[1])]
+
+        ours = alive()
+        if ours:
+            self.run(["scancel", *ours], timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while alive():
+            if time.monotonic() > deadline:
+                raise SlurmTimeout(f"job(s) {', '.join(ours)} still in the queue {timeout:.0f} s after scancel: "
+                                   "look with  squeue --me")
+            time.sleep(0.5)
+        return ours
 
     def srun(self, *args: str, timeout: float = 60, env: dict | None = None):
         return self.run(["srun", *map(str, args)], timeout, env)
@@ -151,6 +212,7 @@ class Cluster:
         return path.read_text() if path.exists() else ""
 
     def cancel_all(self) -> None:
+        """Every job on the course's own cluster (SLURM_CONF points at it, nothing else runs there)."""
         subprocess.run(["scancel", f"--user={os.getuid()}"], env=clean_env(**self.env),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
 
@@ -168,9 +230,11 @@ def _write_config(tmp: Path, ctld_port: int, node_ports: list[int]) -> None:
     host = socket.gethostname().split(".")[0]  # slurmctld only starts on the host SlurmctldHost names
     nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 Gres=gpu:{GPUS} State=UNKNOWN"
                       for n, p in zip(NODES, node_ports))
-    # Pretend GPUs: slurmd counts a GPU per device file it is given; plain files do.
+    # Pretend GPUs: slurmd wants a character device per GPU. These are /dev/null's (1, 3): nothing
+    # uses them, and they point at no real GPU even on a machine that has some. Given devices, Slurm
+    # sets CUDA_VISIBLE_DEVICES for each task as on a real GPU node (--gpus-per-task, --gpu-bind).
     for i in range(GPUS):
-        (tmp / f"pretend-gpu{i}").touch()
+        os.mknod(tmp / f"pretend-gpu{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     (tmp / "gres.conf").write_text("AutoDetect=off\n" + "".join(
         f"NodeName={n} Name=gpu File={tmp}/pretend-gpu[0-{GPUS - 1}]\n" for n in NODES))
     (tmp / "slurm.conf").write_text(f"""\
@@ -198,6 +262,9 @@ GresTypes=gpu
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+# A requeued job waits for its BeginTime (cred_expire), and then for the next pass of the main
+# scheduling loop: every 60 s by default, every 2 s here.
+SchedulerParameters=sched_interval=2
 # Trust CPUs=2 even on a machine with fewer cores; a node that was down comes back by itself.
 SlurmdParameters=config_overrides
 ReturnToService=2
@@ -304,6 +371,17 @@ class Existing(Cluster):
         keep = {k: v for k, v in os.environ.items() if k.startswith("SBATCH_")}
         return super().run(cmd, timeout, {**keep, **(env or {})}, input)
 
+    def timed_out(self, cmd: list[str], timeout: float) -> None:
+        """A busy controller, on a cluster shared with others: cancel nothing, say what happened."""
+        raise SlurmTimeout(
+            f"`{' '.join(map(str, cmd[:2]))} …` got no answer from Slurm within {timeout:.0f} s (a busy "
+            "controller); nothing was cancelled. Look at your jobs with  squeue --me  and cancel one "
+            "you do not want with  scancel JOBID")
+
+    def cancel_all(self) -> None:
+        """On a real cluster, only the jobs this notebook submitted: never the learner's others."""
+        self.cancel_submitted()
+
 
 def for_notebook(out: Path, timeout: float = 30):
     """(cluster, where, stop) for notebook 09: this machine's two-node Slurm when it can start
@@ -341,7 +419,7 @@ def demo(lab_args=(), save: Path | None = None) -> int:
         print(f"The local Slurm cluster cannot start here: {why}.")
         return 1
     template = ROOT / "slurm" / "multi_node.sbatch"
-    args = list(lab_args) or ["--max-steps", "60", "--eval-every", "20", "--global-batch-size", "64"]
+    args = [*(list(lab_args) or ["--max-steps", "60", "--eval-every", "20", "--global-batch-size", "64"]), *ON_THE_CPU]
     t0 = time.monotonic()
     with start() as cluster:
         print(f"two-node Slurm up in {time.monotonic() - t0:.1f} s (config in {cluster.tmp}):")
