@@ -110,6 +110,7 @@ def loader(args, dataset, batches, device):
     """A DataLoader over ``batches`` (lists of indices); decoding happens in its worker processes."""
     return DataLoader(dataset, batch_sampler=batches, num_workers=args.workers,
                       multiprocessing_context=WORKER_START if args.workers else None,
+                      worker_init_fn=preemption.ignore_in_worker,  # the stop signal is the main process's to act on
                       pin_memory=device.type == "cuda", prefetch_factor=4 if args.workers else None,
                       collate_fn=None if args.decode_on == "workers" else collate_bytes)
 

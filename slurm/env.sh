@@ -64,13 +64,15 @@ LAB_ARGS=(--data-root "$LOCAL_DATA" --checkpoint-dir "$RUNS" --checkpoint-every 
 # finishes its step, the ranks agree to stop after that same step, rank 0 writes the checkpoint, and
 # all exit. The job then requeues itself (`scontrol requeue`, which #SBATCH --requeue allows): the next
 # run goes on from that checkpoint (--resume auto) and appends to the same log (--open-mode=append).
-# Without the warning, Slurm sends SIGTERM at --time itself and SIGKILL KillWait seconds later (30 s by
-# default: `scontrol show config | grep KillWait`): the labs still save if they can, but the job ends
-# as TIMEOUT and is not requeued; submit it again to go on.
+# Without the warning, the job ends at --time as TIMEOUT and is not requeued: Slurm sends SIGTERM, and
+# srun turns the one it gets into a SIGKILL of its tasks, so count on nothing after the last periodic
+# checkpoint (--checkpoint-every); submit the job again to go on from there.
 TIME_WARNED=0
 STEP_PID=
 on_time_warning() {
+    if (( TIME_WARNED )); then return; fi  # a second warning: the step is already stopping
     TIME_WARNED=1
+    touch "$RUNS/.warned"  # a checkpoint newer than this was written after the warning
     echo "$(date +%T) time-limit warning (SIGUSR1): the lab saves a checkpoint and stops; then the job requeues itself"
     if [[ -n $STEP_PID ]]; then signal_training_step; fi
 }
@@ -78,7 +80,14 @@ on_time_warning() {
 # SIGTERM to the tasks of this job's running steps (the training's srun): a signal only, the step goes on.
 signal_training_step() {
     local step
-    for step in $(squeue --noheader --steps --format=%i --jobs="$SLURM_JOB_ID"); do
+    local steps tries
+    for tries in 1 2 3; do  # a busy controller: ask again
+        if steps=$(squeue --noheader --steps --format=%i --jobs="$SLURM_JOB_ID"); then break; fi
+        steps=
+        sleep 5
+    done
+    [[ -n $steps ]] || echo "could not list the job's steps (squeue failed $tries times): the lab is not told to stop"
+    for step in $steps; do
         case $step in *.batch | *.extern | *.interactive) ;; *) scancel --signal=TERM "$step" || true ;; esac
     done
 }
@@ -88,8 +97,9 @@ trap on_time_warning USR1
 # take the warning while it runs; requeue the job once the step has saved and stopped.
 run_training() {
     local status
-    if (( TIME_WARNED )); then  # warned before training began (while staging): no time left to train
-        requeue_job
+    if (( TIME_WARNED )); then  # warned before training began (while staging): no time to train, no requeue
+        echo "the time-limit warning came before training began: ask for a longer --time (sbatch --time=...)"
+        return 1
     fi
     "$@" &
     STEP_PID=$!
@@ -97,12 +107,23 @@ run_training() {
     wait "$STEP_PID" && status=0 || status=$?
     STEP_PID=
     if (( TIME_WARNED )); then
-        requeue_job
+        requeue_job "$status"
     fi
     return "$status"
 }
 
+# Requeue only a run that saved after the warning, and at most MAX_REQUEUES times (SLURM_RESTART_COUNT):
+# a job that makes no progress must not spend the account's hours in a loop.
+MAX_REQUEUES=${MAX_REQUEUES:-20}
 requeue_job() {
+    if [[ ! $RUNS/last.pt -nt $RUNS/.warned ]]; then
+        echo "$(date +%T) no checkpoint was written after the warning (exit status $1): not requeued"
+        return "$1"
+    fi
+    if (( ${SLURM_RESTART_COUNT:-0} >= MAX_REQUEUES )); then
+        echo "$(date +%T) requeued $MAX_REQUEUES times already (MAX_REQUEUES): not again; resubmit to go on"
+        return "$1"
+    fi
     echo "$(date +%T) scontrol requeue $SLURM_JOB_ID: the next run resumes from $RUNS/last.pt"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0  # Slurm ends this run of the script as it requeues the job

@@ -101,14 +101,17 @@ def test_the_device_follows_what_the_launcher_bound(case, expected):
         assert f"holds GPUs here ({held})" in placed.note and "training on the CPU" in placed.note
 
 
-@pytest.mark.parametrize("environ, launcher, bound, held", [
-    ({"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "torchrun", False, "4"),
-    ({"SLURM_JOB_ID": "7", "SLURM_STEP_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, "slurm", True, "2"),
-    ({"SLURM_JOB_ID": "7"}, "slurm", False, None),
-    ({"CUDA_VISIBLE_DEVICES": "1"}, "mpi", True, None),
+@pytest.mark.parametrize("environ, launcher, visible, bound, held", [
+    ({"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "torchrun", 4, False, "4"),
+    # --gpus-per-node=2 with 4 tasks: Slurm sets CUDA_VISIBLE_DEVICES for each, but binds nothing (they would share)
+    ({"SLURM_GPUS_ON_NODE": "2", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}, "slurm", 2, False, "0,1"),
+    ({"SLURM_GPUS_ON_NODE": "2", "SLURM_STEP_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1"}, "slurm", 1, True, "1"),  # --gpu-bind
+    ({"SLURM_GPUS_PER_TASK": "1", "SLURM_STEP_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, "slurm", 1, True, "2"),  # --gpus-per-task
+    ({"SLURM_JOB_ID": "7"}, "slurm", 0, False, None),
+    ({"CUDA_VISIBLE_DEVICES": "1"}, "mpi", 1, True, None),
 ])
-def test_what_slurm_says_the_job_holds_and_bound(environ, launcher, bound, held):
-    assert bound_one_each(launcher, environ) is bound and job_gpus(environ) == held
+def test_what_slurm_says_the_job_holds_and_bound(environ, launcher, visible, bound, held):
+    assert bound_one_each(launcher, environ, visible) is bound and job_gpus(environ) == held
 
 
 def test_why_no_gpu_names_the_job_that_asked_for_none(monkeypatch):

@@ -195,7 +195,7 @@ def main(args):
         ### BEGIN SOLUTION (hint: loader = a DataLoader over torchvision_fashion_mnist(args.data_root, train=True): batches of this rank's batch size, in the order the sampler gives, args.workers worker processes, the uneven tail dropped)
         loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
                             sampler=sampler,  # DDP: the sampler decides the order, not shuffle=True
-                            num_workers=args.workers, drop_last=True,
+                            num_workers=args.workers, drop_last=True, worker_init_fn=preemption.ignore_in_worker,
                             pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
         ### END SOLUTION
     steps_per_epoch = len(sampler) // batch

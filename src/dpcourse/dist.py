@@ -154,11 +154,17 @@ def job_gpus(environ=None) -> str | None:
     return e["SLURM_GPUS_ON_NODE"] if e.get("SLURM_GPUS_ON_NODE", "0") not in ("", "0") else None
 
 
-def bound_one_each(launcher: str, environ=None) -> bool:
-    """Whether each process was handed GPUs of its own: srun's --gpus-per-task or --gpu-bind, or a
-    site's CUDA_VISIBLE_DEVICES per rank (srun and mpirun). torchrun and horovodrun hand out nothing."""
+def bound_one_each(launcher: str, environ=None, visible: int | None = None) -> bool:
+    """Whether the launcher handed each process GPUs of its own. Under srun: --gpus-per-task, or a
+    process that sees fewer GPUs than the job holds on its node (--gpu-bind). Slurm sets
+    CUDA_VISIBLE_DEVICES for every task of a GPU job, bound or not, so that alone says nothing.
+    Under mpirun: a site's CUDA_VISIBLE_DEVICES per rank. torchrun and horovodrun bind nothing."""
     e = os.environ if environ is None else environ
-    return launcher in ("slurm", "mpi") and "CUDA_VISIBLE_DEVICES" in e
+    if launcher == "slurm":
+        on_node = e.get("SLURM_GPUS_ON_NODE", "")
+        return bool(e.get("SLURM_GPUS_PER_TASK")) or (
+            on_node.isdigit() and visible is not None and 0 < visible < int(on_node))
+    return launcher == "mpi" and "CUDA_VISIBLE_DEVICES" in e
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -248,9 +254,9 @@ def place(backend: str = "auto", device: str = "auto", local_rank: int = 0, loca
 def placement(backend: str = "auto", device: str = "auto", info: DistEnv | None = None) -> Placement:
     """``place()`` for this process: what torch sees, the launcher's binding, Slurm's variables."""
     info = info or env_info()
-    return place(backend, device, info.local_rank, info.local_world_size,
-                 gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                 bound=bound_one_each(info.launcher), held=job_gpus(), nccl=dist.is_nccl_available(),
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return place(backend, device, info.local_rank, info.local_world_size, gpus=gpus,
+                 bound=bound_one_each(info.launcher, visible=gpus), held=job_gpus(), nccl=dist.is_nccl_available(),
                  why_none=why_no_gpu)
 
 

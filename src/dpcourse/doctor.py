@@ -71,7 +71,7 @@ def check_gpus(info: ddp_env.DistEnv, backend: str) -> list:
                  f"{n} ({names}, {visible}) for {info.local_world_size} processes on this node, which would share "
                  f"them: NCCL needs one GPU per process, and --device auto trains on the CPU. Start at most {n} per "
                  "node (--nproc-per-node, --ntasks-per-node), or give each task its own (srun --gpus-per-task=1).")]
-    how = "bound to this process by the launcher" if ddp_env.bound_one_each(info.launcher) and n < info.local_world_size \
+    how = "bound to this process by the launcher" if ddp_env.bound_one_each(info.launcher, visible=n) and n < info.local_world_size \
         else f"local rank {info.local_rank} of {info.local_world_size}"
     return [(OK, "GPUs", f"{n} ({names}, {visible}); {how}: {placed.device} with {placed.backend}")]
 

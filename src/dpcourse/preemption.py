@@ -1,9 +1,10 @@
 """The end of a job's time, announced: a signal that asks a training run to save and stop.
 
 On Slurm, `#SBATCH --signal=B:USR1@120` has Slurm send SIGUSR1 to the batch shell 120 s before the
-job's --time; the templates' shell (slurm/env.sh, ``run_training``) passes it to srun, which passes it
-to every task. SIGTERM comes at the limit itself, at scancel and at preemption, KillWait seconds (30 s
-by default) before SIGKILL; torchrun passes it to its workers too.
+job's --time. The templates' shell (slurm/env.sh, ``run_training``) then has Slurm send SIGTERM to
+every task of the training step (`scancel --signal=TERM JOB.STEP`), and a torchrun passes it on to its
+workers. Outside Slurm, or under torchrun alone, a plain SIGTERM stops a run the same way. Under srun
+it does not: srun passes its own SIGTERM on to the tasks as SIGKILL.
 
 A handler may run at any point of a step, and each rank gets the signal at its own moment. So the
 handler only notes it; the lab asks at the end of each step whether any rank has one (one
@@ -52,6 +53,13 @@ def catch(signals=SIGNALS) -> Caught:
     for sig in signals:
         signal.signal(sig, caught._note)
     return caught
+
+
+def ignore_in_worker(worker_id: int = 0) -> None:
+    """A DataLoader's ``worker_init_fn``: Slurm signals every process of a step, DataLoader workers
+    included, and a worker that dies of it takes the step down with it before rank 0 can save."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def stopped_message(caught: Caught, step: int, saved: str | None) -> str:
