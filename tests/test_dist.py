@@ -20,7 +20,10 @@ HELLO = ROOT / "solutions" / "labs" / "hello.py"
 
 
 @pytest.mark.parametrize("variables, expected", [
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2"}, (3, 1, 8, 2, "torchrun")),
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"},
+     (3, 1, 8, 2, "torchrun")),
+    # the same exported by hand (notebook 05's env://, a site's script): no launcher watches the ranks
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2"}, (3, 1, 8, 2, "env")),
     ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_ID": "0",
       "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}, (5, 1, 6, 1, "slurm")),
     ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
@@ -28,7 +31,8 @@ HELLO = ROOT / "solutions" / "labs" / "hello.py"
     # the batch script of an sbatch job is one process, whatever --ntasks says
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "7"}, (0, 0, 1, 1, "none")),
     # torchrun inside an srun step: torchrun's variables win
-    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"},
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0",
+      "TORCHELASTIC_RUN_ID": "4711"},
      (1, 1, 4, 4, "torchrun")),
     # mpirun inside an srun step or an sbatch job: Slurm's variables describe mpirun's helper
     # step (one task), the OMPI ones the MPI rank; the launcher that started us wins
@@ -269,7 +273,7 @@ def _launch(ranks, env_of, extra=None, script=HELLO, timeout=60):
 
 def _clean_env():
     """This process's environment without any launcher's or rendezvous variables."""
-    prefixes = ("SLURM_", "OMPI_", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    prefixes = ("SLURM_", "OMPI_", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_")
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
 
 
@@ -359,3 +363,39 @@ def test_missing_master_addr_is_said_once():
     assert [code for code, _ in results] == [1, 1]
     [line] = messages(results)
     assert line.startswith("[rank 0] Launched by srun with 2 tasks on several nodes, but MASTER_ADDR is not set")
+
+
+# ---- RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT exported by hand (notebook 05's env://, site scripts) ----
+def by_hand(world, port=None):
+    """What a learner exports for each of `world` processes started by hand on this host."""
+    port = str(port or free_port())
+    return lambda rank: {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+
+
+def test_ranks_started_by_hand_form_a_group():
+    results, _ = _launch([0, 1], by_hand(2))
+    assert [code for code, _ in results] == [0, 0], messages(results)
+    assert "all_reduce(rank + 1) = 3" in results[0][1]
+
+
+def test_by_hand_an_unresolvable_master_addr_stops_within_seconds_with_one_line():
+    """Before: 80-139 s of c10d retries, 55 lines, and a diagnosis of a hang."""
+    results, seconds = _launch([0, 1], by_hand(2), {"MASTER_ADDR": "no-such-host.invalid"})
+    assert [code for code, _ in results] == [1, 1] and seconds < 20
+    [line] = messages(results)
+    assert line.startswith("[rank 0] MASTER_ADDR=no-such-host.invalid does not resolve"), line
+
+
+def test_by_hand_a_rank_that_never_starts_is_named():
+    """Before: a 24-line DistStoreError traceback after 63 s."""
+    results, seconds = _launch([0], by_hand(3), {"DPCOURSE_RDZV_TIMEOUT_S": "3"})
+    assert results[0][0] == 1 and seconds < 15
+    [line] = messages(results)
+    assert line.startswith("[rank 0] ranks 1 and 2 of 3 did not join within 3 s"), line
+
+
+def test_by_hand_without_master_port_says_what_torchrun_would_set():
+    results, _ = _launch([0, 1], lambda rank: {k: v for k, v in by_hand(2)(rank).items() if k != "MASTER_PORT"})
+    assert [code for code, _ in results] == [1, 1]
+    [line] = messages(results)
+    assert line.startswith("[rank 0] RANK and WORLD_SIZE are set") and "torchrun" in line and "MASTER_PORT" in line

@@ -49,7 +49,7 @@ class DistEnv:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
-    launcher: str = "none"  # torchrun | slurm | mpi | none
+    launcher: str = "none"  # torchrun | env (RANK and WORLD_SIZE exported by hand) | horovodrun | slurm | mpi | none
     backend: str | None = None
     device: torch.device = torch.device("cpu")
 
@@ -72,7 +72,10 @@ def _tasks_per_node(spec: str, node_id: int) -> int:
 def env_info(environ: os._Environ | dict | None = None) -> DistEnv:
     """Read rank, local rank and world size from the variables of the launcher that started us.
 
-    Order: torchrun → horovodrun (gloo) → ``mpirun`` → an ``srun`` job step → one process. The innermost launcher
+    Order: torchrun (or RANK and WORLD_SIZE exported by hand: "env") → horovodrun (gloo) → ``mpirun`` →
+    an ``srun`` job step → one process. torchrun is told from a hand-made launch by TORCHELASTIC_RUN_ID,
+    which torchrun always sets: a hand-made launch gets the address check and the roll call that srun's
+    and mpirun's get, since no launcher watches its ranks. The innermost launcher
     wins: torchrun runs inside srun steps, and ``mpirun`` inside an sbatch job or an srun step
     starts its ranks through Slurm's helper steps, whose SLURM_* variables describe mpirun's
     daemons, not the MPI ranks. The batch script of an sbatch job has SLURM_PROCID but no
@@ -81,8 +84,8 @@ def env_info(environ: os._Environ | dict | None = None) -> DistEnv:
     e = os.environ if environ is None else environ
     if "RANK" in e and "WORLD_SIZE" in e:
         world = int(e["WORLD_SIZE"])
-        return DistEnv(int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world,
-                       int(e.get("LOCAL_WORLD_SIZE", world)), "torchrun")
+        return DistEnv(int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world, int(e.get("LOCAL_WORLD_SIZE", world)),
+                       "torchrun" if "TORCHELASTIC_RUN_ID" in e else "env")
     if "HOROVOD_RANK" in e and "HOROVOD_SIZE" in e:  # horovodrun --gloo (with MPI: OMPI_* below)
         world = int(e["HOROVOD_SIZE"])
         return DistEnv(int(e["HOROVOD_RANK"]), int(e.get("HOROVOD_LOCAL_RANK", 0)), world,
@@ -108,6 +111,8 @@ def job_token(environ: os._Environ | dict | None = None) -> str:
         return "mpi-" + e.get("OMPI_MCA_ess_base_jobid", e.get("PMIX_NAMESPACE", "0"))
     if launcher == "slurm":
         return f"slurm-{e.get('SLURM_JOB_ID', '0')}.{e.get('SLURM_STEP_ID', '0')}"
+    if launcher == "env":  # every rank was given the same world size and port by hand
+        return f"env-{e.get('WORLD_SIZE')}-{e.get('MASTER_PORT', '')}"
     return launcher
 
 
@@ -451,6 +456,10 @@ def _wait_until_listening(addr: str, port: int, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
+_BY_HAND = ("RANK and WORLD_SIZE are set, as torchrun sets them, but MASTER_ADDR or MASTER_PORT is not. Start "
+            "the program with torchrun (it sets all four), or export MASTER_ADDR=<rank 0's host> and "
+            "MASTER_PORT=<a free port> for every rank; if RANK and WORLD_SIZE are left over in this shell, "
+            "unset them.")
 _ROLL_CALL: list = []
 _SCONTROL = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'  # rank 0's store: init_process_group's env:// rendezvous serves on it too
 
@@ -549,7 +558,8 @@ def prepare(backend: str = "auto", device: str = "auto",
     Reads rank and world size from the launcher (torchrun, srun, mpirun or none), picks the
     backend and this rank's device, sets MASTER_ADDR and MASTER_PORT when the launcher did
     not (one node: 127.0.0.1; Slurm and Open MPI: a port derived from the job id), checks
-    that the address resolves, and under srun and mpirun makes every rank report to rank 0
+    that the address resolves, and under srun and mpirun (and with RANK and WORLD_SIZE exported by
+    hand, where no launcher watches the ranks) makes every rank report to rank 0
     first, so a rank that never started is named within ``rendezvous_timeout_s`` (default
     60 s, or $DPCOURSE_RDZV_TIMEOUT_S). Each problem ends in one line saying what to do.
     """
@@ -566,6 +576,8 @@ def prepare(backend: str = "auto", device: str = "auto",
     if info.launcher == "none":  # one process: a private group on this machine
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(free_port())
+    elif info.launcher == "env" and not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):
+        stop(info, _BY_HAND)
     elif info.launcher != "torchrun":  # torchrun sets both itself
         if "MASTER_ADDR" not in os.environ:
             if info.local_world_size != info.world_size:  # several nodes: rank 0's must be named
@@ -585,7 +597,7 @@ def prepare(backend: str = "auto", device: str = "auto",
         stop(info, f"MASTER_ADDR={addr} does not resolve on {socket.gethostname()}. Check the "
              f"spelling; it must be rank 0's host name or IP address (in a Slurm job: {_SCONTROL}).",
              everyone=info.local_rank == 0 and info.local_world_size != info.world_size)
-    if info.launcher in ("slurm", "mpi"):
+    if info.launcher in ("slurm", "mpi", "env"):
         timeout = rendezvous_timeout_s or float(os.environ.get("DPCOURSE_RDZV_TIMEOUT_S", 60))
         _roll_call(info, addr, port, timeout)
     return DistEnv(info.rank, info.local_rank, info.world_size, info.local_world_size,

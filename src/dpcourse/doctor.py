@@ -42,7 +42,8 @@ SHOWN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", 
          "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_RANK",
          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
 NODE = os.environ.get("SLURMD_NODENAME", socket.gethostname())  # Slurm's name for this node
-LAUNCHERS = {"torchrun": "torchrun", "slurm": "srun", "mpi": "mpirun", "horovodrun": "horovodrun"}
+LAUNCHERS = {"torchrun": "torchrun", "env": "RANK and WORLD_SIZE set by hand", "slurm": "srun", "mpi": "mpirun",
+             "horovodrun": "horovodrun"}
 
 
 def check_torch() -> list:
@@ -161,11 +162,8 @@ def check_launch(info: ddp_env.DistEnv, given: dict, ip: str | None) -> list:
     addr, port, host = given.get("MASTER_ADDR"), given.get("MASTER_PORT"), socket.gethostname()
     who = f"{LAUNCHERS.get(info.launcher, 'no launcher')}: rank {info.rank} of {info.world_size}, " \
           f"local rank {info.local_rank} of {info.local_world_size}"
-    if info.launcher == "torchrun" and not (addr and port):
-        return [(PROBLEM, "launch", "RANK and WORLD_SIZE are set, as torchrun sets them, but MASTER_ADDR or "
-                 "MASTER_PORT is not. Start the program with torchrun (it sets both), or export "
-                 "MASTER_ADDR=<rank 0's host> and MASTER_PORT=<a free port>; if RANK and WORLD_SIZE are "
-                 "left over in this shell, unset them.")]
+    if info.launcher in ("torchrun", "env") and not (addr and port):
+        return [(PROBLEM, "launch", ddp_env._BY_HAND)]
     if info.launcher != "torchrun" and not addr and info.local_world_size != info.world_size:
         return [(PROBLEM, "launch", f"{who}, on several nodes, but MASTER_ADDR is not set. Export rank 0's "
                  f"host before the launch, e.g. in an sbatch script: {ddp_env._SCONTROL}")]
