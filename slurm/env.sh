@@ -39,8 +39,9 @@ fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: pass it on explicitly.
 export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
-# The rendezvous: the job's first node hosts it, on a port derived from the job id, so that two
-# jobs sharing a node never pick the same one (a requeued job keeps its id, and its port).
+# The rendezvous: the job's first node hosts it, on a port derived from the job id, so that two jobs
+# sharing a node seldom pick the same one (a requeued job keeps its id, and its port). Job ids 10,000
+# apart do: the later job's rank 0 then ends with "Port … is already in use" and how to pick another.
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
 export MASTER_ADDR MASTER_PORT
@@ -79,8 +80,7 @@ on_time_warning() {
 
 # SIGTERM to the tasks of this job's running steps (the training's srun): a signal only, the step goes on.
 signal_training_step() {
-    local step
-    local steps tries
+    local step steps tries
     for tries in 1 2 3; do  # a busy controller: ask again
         if steps=$(squeue --noheader --steps --format=%i --jobs="$SLURM_JOB_ID"); then break; fi
         steps=

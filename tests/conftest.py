@@ -11,6 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("DPCOURSE_DATA", str(ROOT / "data"))
+# The processes the tests start (plain ones, srun's, mpirun's, notebook kernels) keep freed memory for the
+# next step, as the course's own launches do (dpcourse.launch.CPU_MALLOC says why).
+os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824")
 
 # Simulates a machine with no network: every download goes to a closed local port.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
@@ -41,6 +44,14 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
 def torchrun_cmd(nproc, script, *args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             str(script), *map(str, args)]
+
+
+def lab_cmd(nproc, script, *args):
+    """torchrun for several processes; plain python for one (every lab's one-process mode), which
+    spares the launcher's own process and its import of torch."""
+    if nproc == 1:
+        return [sys.executable, str(script), *map(str, args)]
+    return torchrun_cmd(nproc, script, *args)
 
 
 @pytest.fixture(scope="session")

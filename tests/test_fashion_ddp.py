@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import OFFLINE, ROOT, run, torchrun_cmd
+from conftest import OFFLINE, ROOT, lab_cmd, run, torchrun_cmd
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.dist import free_port
 from dpcourse.metrics import read_log
@@ -24,10 +24,10 @@ LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 
 
 def lab(nproc, *args, timeout=180, env=None):
-    """torchrun the lab; (CompletedProcess, rank 0's log records)."""
+    """torchrun the lab (python for one process); (CompletedProcess, rank 0's log records)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
-        result = run(torchrun_cmd(nproc, LAB, *args, "--log-json", log), timeout=timeout, env=env)
+        result = run(lab_cmd(nproc, LAB, *args, "--log-json", log), timeout=timeout, env=env)
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return result, records
 
@@ -69,23 +69,23 @@ def test_sharded_evaluation_counts_every_test_image_once(nproc, batch, tmp_path,
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, fashion_root):
     common = ["--deterministic", "--epochs", "1"]
-    full, _ = lab(2, *common, "--max-steps", "60", "--save-model", tmp_path / "full.pt")
-    part, _ = lab(2, *common, "--max-steps", "35", "--checkpoint-dir", tmp_path / "ck")
-    rest, log = lab(2, *common, "--max-steps", "60", "--resume", tmp_path / "ck" / "last.pt",
+    full, _ = lab(2, *common, "--max-steps", "24", "--save-model", tmp_path / "full.pt")
+    part, _ = lab(2, *common, "--max-steps", "13", "--checkpoint-dir", tmp_path / "ck")
+    rest, log = lab(2, *common, "--max-steps", "24", "--resume", tmp_path / "ck" / "last.pt",
                     "--save-model", tmp_path / "resumed.pt")
     assert full.returncode == part.returncode == rest.returncode == 0, full.stdout + part.stdout + rest.stdout
-    assert "resumed at step 35" in rest.stdout
+    assert "resumed at step 13" in rest.stdout
     a, b = torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "resumed.pt")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ended with other weights"
-    assert log[-1]["step"] == 60
+    assert log[-1]["step"] == 24
     resumed = [r for r in log if r["event"] == "resume"]
-    assert len(resumed) == 1 and resumed[0]["step"] == 35, "the log does not say where training went on"
+    assert len(resumed) == 1 and resumed[0]["step"] == 13, "the log does not say where training went on"
     steps_per_epoch = 60_000 // 128
-    assert log[-1]["epoch"] == round(60 / steps_per_epoch, 4), "epoch: training done, in epochs"
+    assert log[-1]["epoch"] == round(24 / steps_per_epoch, 4), "epoch: training done, in epochs"
     assert all("test_accuracy" not in r for r in log if r["event"] == "train"), "train records repeat old test figures"
     # The same command again, once the run has finished: one line that says so, exit 0, no training.
-    again, _ = lab(2, *common, "--max-steps", "35", "--resume", tmp_path / "ck" / "last.pt")
-    assert again.returncode == 0 and "checkpoint of a finished run (step 35, stopped by max_steps)" in again.stdout, again.stdout
+    again, _ = lab(2, *common, "--max-steps", "13", "--resume", tmp_path / "ck" / "last.pt")
+    assert again.returncode == 0 and "checkpoint of a finished run (step 13, stopped by max_steps)" in again.stdout, again.stdout
     assert "test accuracy" not in again.stdout
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run, torchrun_cmd
+from conftest import ROOT, lab_cmd, run
 from dpcourse import images, localslurm
 from dpcourse.metrics import read_log
 
@@ -34,9 +34,9 @@ def tree(tmp_path_factory):
 
 
 def lab(nproc, *args, timeout=240, script=LAB):
-    """torchrun the lab; (CompletedProcess, rank 0's log records)."""
+    """torchrun the lab (python for one process); (CompletedProcess, rank 0's log records)."""
     log = Path(args[args.index("--log-json") + 1]) if "--log-json" in args else None
-    result = run(torchrun_cmd(nproc, script, *args), timeout=timeout)
+    result = run(lab_cmd(nproc, script, *args), timeout=timeout)
     return result, read_log(log) if log and log.exists() else []
 
 
