@@ -80,16 +80,17 @@ on_time_warning() {
 
 # SIGTERM to the tasks of this job's running steps (the training's srun): a signal only, the step goes on.
 signal_training_step() {
-    local step steps tries
+    local step name steps tries
     for tries in 1 2 3; do  # a busy controller: ask again
-        if steps=$(squeue --noheader --steps --format=%i --jobs="$SLURM_JOB_ID"); then break; fi
+        if steps=$(squeue --noheader --steps --format="%i %j" --jobs="$SLURM_JOB_ID"); then break; fi
         steps=
         sleep 5
     done
     [[ -n $steps ]] || echo "could not list the job's steps (squeue failed $tries times): the lab is not told to stop"
-    for step in $steps; do
-        case $step in *.batch | *.extern | *.interactive) ;; *) scancel --signal=TERM "$step" || true ;; esac
-    done
+    while read -r step name; do  # the training's steps: not the batch shell's, nor the clean-up step
+        case $step in "" | *.batch | *.extern | *.interactive) continue ;; esac
+        [[ $name == "$CLEANUP_STEP" ]] || scancel --signal=TERM "$step" || true
+    done <<< "$steps"
 }
 trap on_time_warning USR1
 
@@ -129,9 +130,35 @@ requeue_job() {
     exit 0  # Slurm ends this run of the script as it requeues the job
 }
 
-# Copy the shared data to node-local disk, once per node (one task per node), verified. srun's
-# --ntasks defaults to the job's: a step with fewer tasks says how many.
+# ---- node-local data: deleted when the job ends (best effort) ------------------------------------
+# One small step per node (named dpcourse-cleanup, slurm/delete_at_end.sh) waits for the end of the job:
+# done, failed, cancelled, timed out or requeued. Slurm then sends SIGTERM to every step, and this one
+# deletes LOCAL_DATA on its node: renamed first (a deletion cut short is never taken for a copy), within Slurm's
+# KillWait (30 s by default; ImageNet as 1.28 M files may take longer to delete than as ~1,300 shards).
+# A SIGTERM while the job still runs (a preemption's grace time, scancel --signal=TERM JOBID) deletes
+# nothing. A node that fails, a SIGKILL, or a job that ends before the step starts leaves the copy:
+# sites that clean up after every job (Slurm's job_container/tmpfs, a per-job $TMPDIR removed by the
+# epilog) cover those too; ask yours. A requeued run copies the data again.
+# Only an absolute folder named for this job (…-$SLURM_JOB_ID, the default) outside COURSE, RUNS and
+# DATA is deleted: one you named yourself may hold what is not this job's, and is left alone.
+CLEANUP_STEP=dpcourse-cleanup
+delete_local_data_at_end() {
+    local dir=${LOCAL_DATA%/}
+    if [[ $dir != /*-"$SLURM_JOB_ID" || $dir/ == "$COURSE"/* || $dir/ == "$RUNS"/* || $dir/ == "$DATA"/* ]]; then
+        echo "LOCAL_DATA=$LOCAL_DATA is not a node-local folder named for this job (/…-$SLURM_JOB_ID): it is not deleted at the end"
+        return 0
+    fi
+    # The step asks for one CPU and no GPUs (22.05's srun adds the job's GPUs to --gres=none from
+    # SLURM_GPUS_PER_NODE), and shares them with the training (--overlap).
+    { env -u SLURM_GPUS_PER_NODE -u SLURM_GPUS -u SLURM_GPUS_PER_TASK -u SLURM_TRES_PER_TASK \
+        srun --overlap --job-name="$CLEANUP_STEP" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task=1 \
+        --gres=none bash "$COURSE/slurm/delete_at_end.sh" "$SLURM_JOB_ID" "$dir"; } &  # refused: srun says why
+}
+
+# Copy the shared data to node-local disk, once per node (one task per node), verified; deleted there
+# when the job ends. srun's --ntasks defaults to the job's: a step with fewer tasks says how many.
 stage_data() {
+    delete_local_data_at_end
     srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
         "${PY[@]}" -m dpcourse.data fetch --from "$DATA" --data-root "$LOCAL_DATA"
 }

@@ -3,7 +3,9 @@ a generated ImageFolder tree and its tar shards, node-local staging, 2 processes
 and a two-node job of slurm/imagenet.sbatch on the real test Slurm, from folders and from shards,
 and a resumed run equal to an uninterrupted one."""
 import json
+import os
 import re
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT, lab_cmd, run
-from dpcourse import images, localslurm
+from dpcourse import CourseError, images, localslurm
 from dpcourse.metrics import read_log
 
 LAB = ROOT / "solutions" / "labs" / "imagenet_ddp.py"
@@ -178,5 +180,60 @@ def test_imagenet_template_runs_on_two_nodes(slurm, tree, layout, tmp_path):
     assert done["event"] == "done" and done["world_size"] == 4 and done["test_images"] == 100, job.output
     assert "[rank0]:step 12: top-1" in job.output, job.output  # rank 0's last line, in the job's log
     assert (local / images.STAGED).exists(), "the data was not staged to node-local disk"
+    assert f"LOCAL_DATA={local} is not a node-local folder named for this job" in job.output, job.output  # so it is left in place
     assert (runs / "last.pt").exists()
     print(f"imagenet.sbatch from {layout}: world size 4 on 2 nodes, {seconds:.1f} s from sbatch to the end")
+
+
+# ------------------------------------------------------------------ node-local copies (issue 24)
+def test_a_staged_copy_is_listed_from_its_stage_record_as_imagefolder_lists_it(tree, tmp_path, monkeypatch):
+    """Every rank of a node reads the file list stage() wrote once, instead of walking a million files."""
+    from torchvision.datasets import ImageFolder
+
+    staged = images.stage(tree["folders"], tmp_path / "local")
+    expected = ImageFolder(staged / "train")
+    (staged / "train" / expected.classes[0] / "notes.txt").write_text("not an image")  # after staging: not listed
+
+    def no_walk(*_, **__):
+        raise AssertionError("the tree was walked")
+    monkeypatch.setattr(os, "walk", no_walk)
+    listed = images.JpegFolder(staged / "train", train=True, size=32)
+    assert list(zip(listed.files, listed.targets)) == expected.samples and listed.classes == expected.classes
+    with pytest.raises(AssertionError, match="walked"):  # a tree that was not staged is walked, as before
+        images.JpegFolder(tree["folders"] / "train", train=True, size=32)
+
+
+def test_staging_onto_a_tmpfs_too_small_fails_before_copying(tree, tmp_path):
+    """A RAM-backed /tmp that cannot hold the data: one message before a byte is copied."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True, text=True)
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        with pytest.raises(CourseError) as err:
+            images.stage(tree["shards"], small / "imagenet")
+        message = str(err.value)
+        assert message.startswith("stage: ") and " to copy to " in message and "(a tmpfs: RAM" in message, message
+        assert not any((small / "imagenet").rglob("*")), "something was copied"
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def test_staging_onto_a_tmpfs_beyond_the_jobs_memory_limit_fails_before_copying(tree, tmp_path, monkeypatch):
+    """The tmpfs has room (the node's RAM), but the job's cgroup may use less than the copy needs."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    roomy = tmp_path / "roomy"
+    roomy.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(roomy)]).returncode == 0
+    try:
+        monkeypatch.setattr(images, "memory_left", lambda: 10_000)  # what the job's cgroup would leave
+        with pytest.raises(CourseError, match=r"is a tmpfs \(RAM\), and the job's memory limit leaves 0.0 MB"):
+            images.stage(tree["shards"], roomy / "imagenet")
+        assert not any((roomy / "imagenet").rglob("*")), "something was copied"
+        monkeypatch.setattr(images, "memory_left", lambda: None)  # no limit known: the tmpfs's own room decides
+        images.stage(tree["shards"], roomy / "imagenet")
+    finally:
+        subprocess.run(["umount", str(roomy)], check=False)

@@ -31,7 +31,7 @@ def test_templates_are_shellcheck_clean():
         if os.environ.get("CI") == "true":
             pytest.fail("CI installs shellcheck (.ci/run): it is missing")
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    jobs = [*(f"slurm/{t}" for t in TEMPLATES), "slurm/env.sh",
+    jobs = [*(f"slurm/{t}" for t in TEMPLATES), "slurm/env.sh", "slurm/delete_at_end.sh",
             *(str(p.relative_to(ROOT)) for p in (ROOT / "solutions" / "labs").glob("*.sbatch"))]
     done = run(["shellcheck", "-x", *jobs])  # from the course folder, where `source slurm/env.sh` points
     assert done.returncode == 0, done.stdout
@@ -144,12 +144,27 @@ def final_line(output: str) -> re.Match:
 
 
 def submit(slurm, name, tmp_path, *options, args=SHORT, timeout=240, env=None):
+    """Submit a template and wait; node-local data goes under tmp_path/node (its $TMPDIR)."""
     runs = tmp_path / "runs"
+    (tmp_path / "node").mkdir(exist_ok=True)
     if name != "cpu.sbatch":  # a GPU template says --device cuda; the test cluster's GPUs are pretend
         args = [*args, *localslurm.ON_THE_CPU]
     t0 = time.monotonic()
-    job = slurm.sbatch(SLURM_DIR / name, *options, args=args, timeout=timeout, env={"RUNS": str(runs), **(env or {})})
+    job = slurm.sbatch(SLURM_DIR / name, *options, args=args, timeout=timeout,
+                       env={"RUNS": str(runs), "TMPDIR": str(tmp_path / "node"), **(env or {})})
     return job, time.monotonic() - t0, runs
+
+
+def assert_local_data_deleted(job, tmp_path):
+    """The job staged FashionMNIST under tmp_path/node/dpcourse-<job id>, and that folder (and its lock
+    file) is gone once the job has ended: the clean-up step deletes it as Slurm ends the job's steps."""
+    local = tmp_path / "node" / f"dpcourse-{job.job_id}"
+    assert f"FashionMNIST ready and verified in {local}/FashionMNIST/raw" in job.output, job.output
+    ours = lambda: [p for p in (tmp_path / "node").iterdir() if local.name in p.name]  # noqa: E731 - copy, lock, .deleting
+    deadline = time.monotonic() + 60  # the steps' SIGTERM follows the job's end
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not ours(), f"left on the node: {ours()}"
 
 
 @pytest.mark.slow
@@ -170,7 +185,15 @@ def test_template_runs_on_a_two_node_slurm(slurm, name, options, world, tmp_path
     nodes = 1 if name == "single_node.sbatch" else 2
     assert staged == nodes, job.output  # the data went to node-local disk once per node
     assert (runs / "last.pt").exists()  # the final checkpoint, in the shared folder
+    assert_local_data_deleted(job, tmp_path)
     print(f"{name}: world size {world} on {nodes} node(s), {seconds:.1f} s from sbatch to the end")
+
+
+@pytest.mark.slow
+def test_a_failed_job_deletes_its_node_local_data_too(slurm, tmp_path):
+    job, _, _ = submit(slurm, "cpu.sbatch", tmp_path, args=["--max-steps", "many"])  # the lab stops at its options
+    assert job.returncode != 0 and "--max-steps: invalid int value" in job.output, job.output
+    assert_local_data_deleted(job, tmp_path)
 
 
 @pytest.mark.slow

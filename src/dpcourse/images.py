@@ -194,6 +194,8 @@ def stage(src, dest, progress: bool | None = None) -> Path:
         if _read_json(marker) == manifest:  # another process of this node copied it meanwhile
             return dest
         marker.unlink(missing_ok=True)
+        check_room(dest, sum(size for rel, size in manifest.items()
+                             if not ((dest / rel).exists() and (dest / rel).stat().st_size == size)))
         with tqdm(total=sum(manifest.values()), unit="B", unit_scale=True, desc=f"stage to {dest}",
                   disable=_quiet(progress)) as bar:
             for p in files:
@@ -204,6 +206,85 @@ def stage(src, dest, progress: bool | None = None) -> Path:
                 bar.update(manifest[str(p.relative_to(src))])
         marker.write_text(json.dumps(manifest))
     return dest
+
+
+def filesystem_type(path) -> str:
+    """The type of the file system that holds ``path`` (its longest mount point in /proc/mounts)."""
+    path, best, kind = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                _, mount, fstype = line.split()[:3]
+                mount = mount.replace("\\040", " ")
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+                    best, kind = mount, fstype
+    except OSError:
+        pass
+    return kind
+
+
+def check_room(dest, needed: int) -> None:
+    """Raise one CourseError, before anything is copied, when ``dest`` cannot take ``needed`` more bytes.
+
+    On many GPU systems the node's /tmp (or $TMPDIR) is a tmpfs: RAM, counted against the job's memory,
+    so a copy that fills it ends the job (or the node) partway through instead of saying why.
+    """
+    free, ram = shutil.disk_usage(dest).free, filesystem_type(dest) == "tmpfs"
+    left = memory_left() if ram else None  # a tmpfs's free space is the node's; the job may hold far less
+    if needed <= free and (left is None or needed <= left):
+        return
+    where = (f"only {_size(free)} free there" + (" (a tmpfs: RAM, counted against the job's memory)" if ram else "")
+             if needed > free else f"{dest} is a tmpfs (RAM), and the job's memory limit leaves {_size(left)}")
+    raise CourseError(
+        f"stage: {_size(needed)} to copy to {dest}, but {where}. Stage to a larger node-local disk (ask your "
+        "centre which: often $TMPDIR or /local), read the shards from the shared copy instead (no "
+        "--stage-to), or train on fewer classes.")
+
+
+def memory_left() -> int | None:
+    """Bytes this process's cgroup (a Slurm job's, on most clusters) may still use, or None if unlimited
+    or unknown: the tightest memory.max - memory.current of its cgroup and those above it (cgroup v2),
+    or memory.limit_in_bytes - memory.usage_in_bytes (v1)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            base, limit_name, usage_name = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):  # v1
+            base, limit_name, usage_name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        here = base / path.lstrip("/")
+        while True:
+            try:
+                limit, usage = (here / limit_name).read_text().strip(), int((here / usage_name).read_text())
+                if limit.isdigit() and int(limit) < 2**60:
+                    best = min(best or 2**63, int(limit) - usage)
+            except (OSError, ValueError):
+                pass
+            if here == base or base not in here.parents:
+                break
+            here = here.parent
+    return best
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def staged_files(split_dir: Path) -> list[str] | None:
+    """The files under ``split_dir`` as :func:`stage` recorded them (relative paths), or None when
+    ``split_dir`` is not part of a finished staged copy. Saves each rank a walk of the tree."""
+    split_dir = Path(split_dir)
+    manifest = _read_json(split_dir.parent / STAGED)
+    if not isinstance(manifest, dict):
+        return None
+    prefix = split_dir.name + "/"
+    return [rel[len(prefix):] for rel in manifest if rel.startswith(prefix)]
 
 
 def _read_json(path: Path):
@@ -286,15 +367,39 @@ class JpegFolder(JpegImages):
         from torchvision.datasets import ImageFolder
 
         super().__init__(train, size, seed, decode)
-        folder = ImageFolder(split_dir)  # finds the files and classes; decodes nothing
-        self.files = [path for path, _ in folder.samples]
-        self.targets = [target for _, target in folder.samples]
-        self.classes = folder.classes
+        listed = staged_files(split_dir)
+        if listed is None:  # a tree that was not staged: torchvision walks it (every file, on every rank)
+            folder = ImageFolder(split_dir)  # finds the files and classes; decodes nothing
+            samples, self.classes = folder.samples, folder.classes
+        else:  # a staged copy: the file list that stage() wrote once for the node, in ImageFolder's order
+            samples, self.classes = _folder_samples(Path(split_dir), listed)
+        self.files = [path for path, _ in samples]
+        self.targets = [target for _, target in samples]
 
     def read(self, index: int) -> torch.Tensor:
         from torchvision.io import read_file
 
         return read_file(self.files[index])
+
+
+def _folder_samples(split_dir: Path, listed: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    """ImageFolder's (samples, classes) from a list of relative paths: the class folders sorted, and in
+    each, its images sorted as torchvision's os.walk order does (folder, then name)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    classes = sorted(d.name for d in os.scandir(split_dir) if d.is_dir())  # a thousand entries, not a million
+    index = {c: i for i, c in enumerate(classes)}
+    by_class: dict[str, list[tuple[str, str]]] = {c: [] for c in classes}
+    for rel in listed:
+        parts = rel.split("/")
+        if len(parts) >= 2 and parts[0] in by_class and rel.lower().endswith(IMG_EXTENSIONS):
+            by_class[parts[0]].append((os.path.dirname(rel), parts[-1]))
+    empty = [c for c in classes if not by_class[c]]
+    if empty:
+        raise CourseError(f"{split_dir}: no images in the class folder(s) {', '.join(empty[:5])}: "
+                          "stage the data again from a complete copy.")
+    samples = [(os.path.join(split_dir, folder, name), index[c]) for c in classes for folder, name in sorted(by_class[c])]
+    return samples, classes
 
 
 class TarShards(JpegImages):

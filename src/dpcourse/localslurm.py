@@ -121,7 +121,7 @@ class Cluster:
         A job that ``sbatch`` submits is recorded (``submitted``): the only jobs ``cancel_submitted``
         ever cancels."""
         try:
-            done = subprocess.run(cmd, cwd=ROOT, env=clean_env(**self.env, **(env or {})),
+            done = subprocess.run(cmd, cwd=ROOT, env=clean_env(**{**self.env, **(env or {})}),  # the caller's win
                                   input=input, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,16 @@
+#!/bin/bash
+# The clean-up step of env.sh's delete_local_data_at_end, one task per node: wait for the end of job $1,
+# then delete its node-local folder $2 here. Slurm sends every step SIGTERM when the job ends (done,
+# failed, cancelled, timed out or requeued), then SIGKILL after KillWait.
+job=$1 dir=$2
+on_term() {
+    # A SIGTERM while the job still runs (a preemption's grace time, scancel --signal=TERM JOBID) is not its end.
+    [[ $(squeue --noheader --format=%T --jobs="$job" 2>/dev/null) == RUNNING ]] && return
+    # Renamed first: a deletion cut short by SIGKILL is never taken for a finished copy (a requeued run
+    # of the job, with the same id, on this node).
+    if mv -- "$dir" "$dir.deleting-$$" 2>/dev/null; then rm -rf -- "$dir.deleting-$$"; fi
+    rm -f -- "${dir%/*}/.${dir##*/}.lock"  # images.stage's lock file, beside the folder
+    exit 0
+}
+trap on_term TERM INT
+while :; do sleep 600 & wait $!; done
