@@ -13,7 +13,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("DPCOURSE_DATA", str(ROOT / "data"))
 # The processes the tests start (plain ones, srun's, mpirun's, notebook kernels) keep freed memory for the
 # next step, as the course's own launches do (dpcourse.launch.CPU_MALLOC says why).
-os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824")
+from dpcourse.launch import CPU_MALLOC  # noqa: E402 - it imports torch: after OMP_NUM_THREADS is set
+
+os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
 
 # Simulates a machine with no network: every download goes to a closed local port.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",

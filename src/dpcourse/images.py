@@ -263,7 +263,7 @@ def memory_left() -> int | None:
             try:
                 limit, usage = (here / limit_name).read_text().strip(), int((here / usage_name).read_text())
                 if limit.isdigit() and int(limit) < 2**60:
-                    best = min(best or 2**63, int(limit) - usage)
+                    best = int(limit) - usage if best is None else min(best, int(limit) - usage)
             except (OSError, ValueError):
                 pass
             if here == base or base not in here.parents:
