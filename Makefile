@@ -6,6 +6,7 @@
 #   make check     run your notebooks and report which exercises pass; make check NB=01: notebook 01 only
 #   make slurm-demo  a two-node Slurm on this machine (as root), one multi-node job, then a clean stop
 #   make horovod   build Horovod into .venv (notebook 11; a few minutes; not part of make course)
+#   make gpu-check on a GPU node: NCCL bandwidth, the labs' speed and memory, one table (build/gpu-check.json)
 #
 # No GPU? On Linux, PyPI's torch brings 3.2 GB of CUDA libraries. On a fresh clone (or after
 # rm -rf .venv), take PyTorch's CPU-only wheels instead:
@@ -26,7 +27,7 @@ NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader
 LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}
 
-.PHONY: setup data course lab test student check slurm-demo horovod clean
+.PHONY: setup data course lab test student check slurm-demo horovod gpu-check clean
 
 setup: $(STAMP)
 
@@ -74,6 +75,12 @@ slurm-demo: data
 # tools/install_horovod.sh says why a CMake toolchain file is needed (C++14 vs torch's C++20).
 horovod: setup
 	FORCE=$(FORCE) HOROVOD_GPU_OPERATIONS=$(HOROVOD_GPU_OPERATIONS) tools/install_horovod.sh $(BIN)/python
+
+# On a GPU node, the week before a workshop: the NCCL bus bandwidth, the DDP lab to 90 %, ResNet-50's
+# images/s (synthetic and from JPEG files), FSDP vs DDP memory, the clinic's no_set_device, the doctor:
+# one table, the figures in build/gpu-check.json. Without a GPU: one line, and a failure (see check:).
+gpu-check: setup
+	@$(BIN)/python -m dpcourse.gpucheck --json build/gpu-check.json || { kill -PIPE $$PPID; exit 1; }
 
 clean:
 	rm -rf build .pytest_cache

@@ -1,0 +1,314 @@
+"""make gpu-check: what one GPU node gives the course, in one table, the week before a workshop.
+
+    make gpu-check                                   # on a GPU node: salloc --gpus-per-node=N ..., then this
+    python -m dpcourse.gpucheck --json build/gpu-check.json
+
+On the GPUs this process sees (one process per GPU, each launch through torchrun) it runs:
+
+    doctor     python -m dpcourse.doctor, its all-reduce on every GPU included
+    nccl       all_reduce bus bandwidth of a 256 MiB float32 tensor (nccl-tests' definition:
+               bytes / time × 2(n − 1)/n), over NCCL; needs 2 GPUs
+    fashion    labs/fashion_ddp.py on every GPU to 90 % test accuracy: the time it took
+    resnet50   labs/imagenet_ddp.py, ResNet-50 with bf16 autocast and channels_last: images/s with
+               --synthetic (compute only) and from JPEG files (decoded by DataLoader workers)
+    memory     labs/fsdp_fashion.py --memory ddp and fsdp: each rank's peak GPU memory
+    clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a checkpoint
+               saved from cuda:0 lands (the symptom needs 2 GPUs)
+
+It prints one table and writes the figures as JSON (--json). Without a GPU it exits at once with
+status 2 and one line saying why, so that it cannot be mistaken for a pass. --cpu-rehearsal runs
+the same steps on the CPU (gloo, tiny sizes) so that the course's tests check this tool's wiring
+where there is no GPU; its figures mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# absolute imports: the bandwidth check runs this file as a script under torchrun
+from dpcourse import dist as ddp_env
+from dpcourse.data import ensure_fashion_mnist, project_root
+from dpcourse.errors import CourseError
+from dpcourse.launch import Run, lab, python, torchrun
+
+MIB = 2**20
+
+
+@dataclass
+class Result:
+    """One row of the table."""
+
+    name: str
+    ok: bool
+    summary: str
+    seconds: float = 0.0
+    figures: dict = field(default_factory=dict)
+    commands: list = field(default_factory=list)
+
+
+class Checker:
+    """Runs each check with the node's GPUs (or, rehearsing, on the CPU) and keeps its row."""
+
+    def __init__(self, nproc: int, rehearsal: bool, root: Path):
+        self.nproc, self.rehearsal, self.root = nproc, rehearsal, root
+        self.device, self.backend = ("cpu", "gloo") if rehearsal else ("cuda", "nccl")
+        self.on = f"{nproc} CPU process(es)" if rehearsal else f"{nproc} GPU(s)"
+        self.results: list[Result] = []
+        self._commands: list[str] = []
+
+    def launch(self, name: str, *args, nproc: int | None = None, timeout: float = 600) -> Run:
+        """A lab of solutions/labs (or this file, as a worker) on ``nproc`` processes, quietly."""
+        script = Path(__file__) if name == "gpucheck" else lab(name, start=self.root / "solutions")
+        nproc = self.nproc if nproc is None else nproc
+        args = tuple(map(str, args))
+        shown = f"python {script}" if nproc == 1 else f"torchrun --standalone --nproc-per-node {nproc} {script}"
+        self._commands.append(" ".join([shown, *args]))
+        if nproc == 1:
+            return python(script, *args, timeout=timeout, echo=False)
+        return torchrun(script, *args, nproc=nproc, timeout=timeout, echo=False)
+
+    def check(self, name: str, step) -> None:
+        """Run ``step()`` (it returns the row's summary and figures, or raises) and keep its row."""
+        self._commands = []
+        start = time.perf_counter()
+        try:
+            summary, figures = step()
+            ok = True
+        except (CourseError, AssertionError, subprocess.SubprocessError, OSError) as err:
+            summary, figures, ok = f"FAILED: {str(err).splitlines()[0] if str(err) else type(err).__name__}", {}, False
+        row = Result(name, ok, summary, round(time.perf_counter() - start, 1), figures, self._commands)
+        self.results.append(row)
+        print(f"{'ok' if ok else 'FAILED':6} {name:9} {summary} ({row.seconds:.0f} s)", flush=True)
+
+
+def _last(run: Run, event: str | None = None) -> dict:
+    """Rank 0's last log record (of ``event``), or an error with the run's last line."""
+    if run.returncode != 0:
+        said = [line for line in run.lines + run.agent_lines if line.strip()]
+        raise CourseError(f"exit status {run.returncode}: {said[-1].strip() if said else 'no output'}")
+    records = [r for r in run.log if event is None or r.get("event") == event]
+    if not records:
+        raise CourseError(f"the run logged no {event or 'record'}")
+    return records[-1]
+
+
+# ------------------------------------------------------------------------------ the checks
+def doctor(c: Checker):
+    args = ["--skip-allreduce"] if c.rehearsal else []  # rehearsing: the all-reduce is the nccl check's
+    c._commands.append(" ".join(["python -m dpcourse.doctor", *args]))
+    done = subprocess.run([sys.executable, "-m", "dpcourse.doctor", *args], capture_output=True, text=True,
+                          timeout=300, cwd=c.root)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    if done.returncode != 0:
+        problems = [line for line in lines if "✗" in line] or lines[-1:]
+        raise CourseError(problems[0].strip() if problems else f"exit status {done.returncode}")
+    return (lines[-1].strip() if lines else "no problem found"), {}
+
+
+def nccl(c: Checker):
+    if c.nproc < 2:
+        return "one GPU: nothing to all-reduce between GPUs (skipped)", {}
+    mib = 4 if c.rehearsal else 256
+    done = _last(c.launch("gpucheck", "--worker", "busbw", "--mib", mib, "--backend", c.backend,
+                          "--device", c.device), "busbw")
+    return (f"{done['backend']} all_reduce of {mib} MiB on {c.on}: bus bandwidth "
+            f"{done['busbw_gbs']:.1f} GB/s (algorithm {done['algbw_gbs']:.1f} GB/s)"), done
+
+
+def fashion(c: Checker):
+    target = 0.90
+    args = ["--device", c.device, "--backend", c.backend]
+    if c.rehearsal:
+        args += ["--max-steps", 3, "--eval-every", 3, "--width", 4]
+    else:
+        args += ["--target-accuracy", target, "--epochs", 10]
+    done = _last(c.launch("fashion_ddp", *args), "done")
+    accuracy, seconds = done.get("test_accuracy"), done.get("elapsed_s")
+    figures = {"test_accuracy": accuracy, "elapsed_s": seconds, "epoch": done.get("epoch"),
+               "samples_per_s": done.get("samples_per_s"), "world_size": done.get("world_size")}
+    if not c.rehearsal and (accuracy is None or accuracy < target):
+        raise CourseError(f"test accuracy {accuracy} after {done.get('epoch')} epochs, below {target:.0%}")
+    return (f"{accuracy:.2%} test accuracy after {done.get('epoch')} epochs in {seconds:.1f} s "
+            f"on {c.on}"), figures
+
+
+def resnet50(c: Checker):
+    if c.rehearsal:
+        model = ["--arch", "resnet18", "--image-size", 32, "--batch-size", 2, "--amp", "off", "--no-channels-last"]
+        steps, per_class, classes = 2, 2, 4
+    else:
+        model = ["--arch", "resnet50", "--batch-size", 128, "--amp", "bf16", "--channels-last"]
+        steps, per_class, classes = 60, 40, 100
+    common = [*model, "--device", c.device, "--backend", c.backend, "--no-eval", "--log-every", max(1, steps // 3),
+              "--max-steps", steps]
+    synthetic = _throughput(c.launch("imagenet_ddp", "--synthetic", "--synthetic-steps", steps, *common))
+    with tempfile.TemporaryDirectory(prefix="dpcourse-gpu-check-") as tmp:
+        from dpcourse.images import make_imagefolder
+
+        make_imagefolder(tmp, classes=classes, per_class=per_class, val_per_class=1, size=256 if not c.rehearsal else 48,
+                         progress=False)
+        epochs = -(-steps * 128 * c.nproc // (classes * per_class)) if not c.rehearsal else 2
+        jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", tmp, "--epochs", epochs, "--workers",
+                                    2 if c.rehearsal else max(1, min(8, (os.cpu_count() or 8) // c.nproc - 1)), *common))
+    return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files "
+            f"({jpeg / synthetic:.0%} of it)"), {"synthetic_images_per_s": synthetic, "jpeg_images_per_s": jpeg}
+
+
+def _throughput(run: Run) -> float:
+    """Images per second of the last logged window (past the first steps' warm-up)."""
+    _last(run, "done")
+    windows = [r["samples_per_s"] for r in run.log if r.get("event") == "train" and r.get("samples_per_s")]
+    if not windows:
+        raise CourseError("the run logged no throughput")
+    return windows[-1]
+
+
+def memory(c: Checker):
+    peaks = {}
+    for strategy in ("ddp", "fsdp"):
+        args = ["--memory", strategy, "--steps", 3, "--device", c.device, "--backend", c.backend]
+        args += ["--width", 64, "--layers", 2] if c.rehearsal else []
+        done = _last(c.launch("fsdp_fashion", *args), "memory")
+        peaks[strategy] = max(r["peak_bytes"] for r in done["ranks"])
+    return (f"peak per rank: DDP {peaks['ddp'] / MIB:,.0f} MiB, FSDP {peaks['fsdp'] / MIB:,.0f} MiB "
+            f"({peaks['fsdp'] / peaks['ddp']:.2f} of DDP's) on {c.on}"), {"peak_bytes": peaks}
+
+
+def clinic(c: Checker):
+    with tempfile.TemporaryDirectory(prefix="dpcourse-gpu-check-") as tmp:
+        bug = c.launch("bugs/no_set_device", "--ckpt", f"{tmp}/ckpt.pt")
+        fixed = _last(c.launch("bugs/no_set_device_fixed", "--ckpt", f"{tmp}/ckpt.pt"), "done")
+    wrong = [r for r in fixed["ranks"] if r["loaded_on"] != [r["device"]]]
+    if wrong:
+        raise CourseError(f"the fixed twin: rank {wrong[0]['rank']} loaded onto {wrong[0]['loaded_on']}, "
+                          f"not {wrong[0]['device']}")
+    if c.rehearsal:  # on the CPU the buggy one cannot even load the checkpoint: the CPU symptom
+        if bug.returncode == 0 or not any("could not load" in line for line in bug.lines):
+            raise CourseError("the buggy script did not fail to load a checkpoint saved from cuda:0 on the CPU")
+        return "the bug: no rank could load; fixed: each rank on its own device", {}
+    ranks = _last(bug, "done")["ranks"]
+    landed = sorted({d for r in ranks for d in r["loaded_on"]})
+    if c.nproc >= 2 and landed != ["cuda:0"]:
+        raise CourseError(f"the bug should put every rank's copy on cuda:0, but they landed on {landed}")
+    mib = ranks[0]["mib_per_gpu"]
+    return (f"the bug: every rank's copy on {', '.join(landed)} (rank 0's MiB per GPU {mib}); "
+            "fixed: each rank's on its own GPU"), {"bug_loaded_on": landed, "fixed": fixed["ranks"]}
+
+
+CHECKS = {"doctor": doctor, "nccl": nccl, "fashion": fashion, "resnet50": resnet50, "memory": memory, "clinic": clinic}
+
+
+# ------------------------------------------------------------------------------ the bandwidth worker
+def busbw_worker(args) -> None:
+    """One rank of the bandwidth check: time all_reduce of a float32 tensor, rank 0 logs it."""
+    from dpcourse.metrics import JsonLog
+
+    env = ddp_env.prepare(args.backend, args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=120))
+    x = torch.ones(args.mib * MIB // 4, device=env.device)
+
+    def sync():
+        if env.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(5):  # warm-up: NCCL sets up its rings and channels on the first calls
+        dist.all_reduce(x)
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        dist.all_reduce(x)
+    sync()
+    seconds = torch.tensor([(time.perf_counter() - start) / args.iters])
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's time is the collective's
+    n, size = env.world_size, args.mib * MIB
+    algbw = size / seconds.item() / 1e9
+    if env.rank == 0:
+        JsonLog(args.log_json).write("busbw", backend=env.backend, world_size=n, bytes=size, iters=args.iters,
+                                     seconds=round(seconds.item(), 6), algbw_gbs=round(algbw, 2),
+                                     busbw_gbs=round(algbw * 2 * (n - 1) / n, 2))
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------ the command
+def describe_node(rehearsal: bool) -> dict:
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if not rehearsal else []
+    return {"node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "gpus": gpus,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "driver": ddp_env._driver() if gpus else None,
+            "rehearsal": rehearsal}
+
+
+def table(node: dict, results: list[Result]) -> str:
+    head = (f"make gpu-check on {node['node']}: "
+            + (f"{len(node['gpus'])} × {node['gpus'][0]}, driver {node['driver']}" if node["gpus"] else
+               "CPU REHEARSAL (gloo, tiny sizes: these figures say nothing about a GPU)")
+            + f"; torch {node['torch']} (CUDA {node['cuda']})")
+    width = max(len(r.summary) for r in results)
+    rows = [head, f"{'check':9}  {'result':{width}}  {'time':>6}", f"{'-' * 9}  {'-' * width}  {'-' * 6}"]
+    rows += [f"{r.name:9}  {r.summary:{width}}  {r.seconds:>5.0f}s" for r in results]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dpcourse.gpucheck", description=__doc__.split("\n")[0])
+    p.add_argument("--json", default=None, help="write the figures here (make gpu-check: build/gpu-check.json)")
+    p.add_argument("--only", default=",".join(CHECKS), help=f"a comma-separated subset of {', '.join(CHECKS)}")
+    p.add_argument("--nproc", type=int, default=None, help="processes (default: one per visible GPU)")
+    p.add_argument("--cpu-rehearsal", action="store_true",
+                   help="the same steps on the CPU with gloo and tiny sizes: tests this tool, measures nothing")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mib", type=int, default=256, help=argparse.SUPPRESS)
+    p.add_argument("--iters", type=int, default=20, help=argparse.SUPPRESS)
+    p.add_argument("--backend", default="nccl", help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    p.add_argument("--log-json", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker == "busbw":
+        busbw_worker(args)
+        return 0
+    unknown = set(args.only.split(",")) - set(CHECKS)
+    if unknown:
+        p.error(f"unknown check(s) {', '.join(sorted(unknown))}: choose from {', '.join(CHECKS)}")
+    if not args.cpu_rehearsal and not torch.cuda.is_available():
+        print(f"make gpu-check needs a GPU, and none is usable here: {ddp_env.why_no_gpu()}. Run it on a GPU node "
+              "(e.g. salloc --gpus-per-node=1, then make gpu-check there).", file=sys.stderr)
+        return 2
+    root = project_root(Path.cwd())
+    if root is None:
+        print("make gpu-check runs from inside the course checkout.", file=sys.stderr)
+        return 2
+    nproc = args.nproc or (2 if args.cpu_rehearsal else torch.cuda.device_count())
+    ensure_fashion_mnist()
+    node = describe_node(args.cpu_rehearsal)
+    checker = Checker(nproc, args.cpu_rehearsal, root)
+    for name in args.only.split(","):
+        checker.check(name, lambda: CHECKS[name](checker))
+    print(table(node, checker.results), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**node, "nproc": nproc, "checks": [asdict(r) for r in checker.results]},
+                                              indent=1) + "\n")
+        print(f"figures in {args.json}", flush=True)
+    failed = [r.name for r in checker.results if not r.ok]
+    if failed:
+        print(f"make gpu-check: {len(failed)} check(s) failed: {', '.join(failed)} (their lines above say why)",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
