@@ -172,7 +172,7 @@ def assert_local_data_deleted(job, tmp_path):
     ("single_node.sbatch", FIT, 2),
     ("multi_node.sbatch", FIT, 4),
     ("task_per_gpu.sbatch", [*FIT, "--ntasks-per-node=2", "--cpus-per-task=1"], 4),
-])  # cpu.sbatch runs (and is requeued) in test_a_requeued_job_resumes_from_its_checkpoint
+])  # cpu.sbatch runs (and is requeued) in test_a_preempted_job_resumes_from_its_last_checkpoint and at a real time limit
 def test_template_runs_on_a_two_node_slurm(slurm, name, options, world, tmp_path):
     job, seconds, runs = submit(slurm, name, tmp_path, *options)
     assert job.returncode == 0, job.log + job.output
@@ -277,70 +277,129 @@ def _records(path):
     return records
 
 
+def _split_runs(records):
+    """The log split at each resume: one list of records per run of the job."""
+    runs_ = [[]]
+    for r in records:
+        if r["event"] == "resume":
+            runs_.append([])
+        runs_[-1].append(r)
+    return runs_
+
+
 @pytest.mark.slow
-def test_a_preempted_job_resumes_and_a_warned_job_saves_requeues_and_resumes(slurm, tmp_path):
-    """cpu.sbatch, 2 nodes × 2 tasks, through three runs of one job. The lab cannot end by itself in the
-    first two (tests/helpers/open_ended_lab.py): only the test stops them, so no clock decides.
-    1. Requeued from outside (`scontrol requeue`: preemption, a node failure): the next run resumes from
-       the last periodic checkpoint (--checkpoint-every 10), repeating the steps since.
-    2. The time-limit warning (`#SBATCH --signal=B:USR1@…` delivers SIGUSR1 to the batch shell, as
-       `scancel --batch --signal=USR1` does here): every rank stops after the same step, rank 0 saves
-       it, the job requeues itself, and the next run resumes at that very step: nothing repeated."""
+def test_a_preempted_job_resumes_from_its_last_checkpoint(slurm, tmp_path):
+    """cpu.sbatch, 2 nodes × 2 tasks, requeued from outside (`scontrol requeue`: preemption, a node
+    failure) once its first periodic checkpoint is there. The lab cannot end by itself in the first run
+    (tests/helpers/open_ended_lab.py): only the requeue stops it, so no clock decides. The next run
+    resumes from the step the first one saved on SIGTERM, if Slurm's KillWait left it the time, else
+    from the last periodic checkpoint (--checkpoint-every 10), and finishes. The time limit's warning is
+    the next test's, with a real --time."""
     runs = tmp_path / "runs"
     log = runs / "log.jsonl"
     args = ["--global-batch-size", "64", "--no-eval", "--log-every", "1", "--checkpoint-every", "10"]
     # Submitted without --wait: sbatch --wait can miss the end of a job that was requeued; slurm.wait asks for it.
     submitted = slurm.run(["sbatch", "--parsable", f"--output={slurm.tmp}/job-%j.out", str(SLURM_DIR / "cpu.sbatch"), *args],
-                          env={"RUNS": str(runs), "LAB": str(ROOT / "tests" / "helpers" / "open_ended_lab.py"), "OPEN_RUNS": "2"})
+                          env={"RUNS": str(runs), "LAB": str(ROOT / "tests" / "helpers" / "open_ended_lab.py"), "OPEN_RUNS": "1"})
     assert submitted.returncode == 0, submitted.stdout
     job_id = submitted.stdout.strip().split(";")[0]
-
-    # 1. A requeue from outside, once the first periodic checkpoint is there.
     _wait_for("a checkpoint", lambda: (runs / "last.pt").exists())
     requeue = slurm.run(["scontrol", "requeue", job_id])
     assert requeue.returncode == 0, requeue.stdout
     # Slurm holds a requeued job back until the first run's job credential has expired (AuthInfo's
     # cred_expire: 10 s on the test cluster, 120 s by default); started sooner, slurmd refuses it.
-
-    # 2. The time-limit warning, once the requeued run has resumed and trained a step.
-    def resumed_and_training():
-        records = _records(log)
-        starts = [i for i, r in enumerate(records) if r["event"] == "resume"]
-        return starts and any(r["event"] == "train" for r in records[starts[0]:])
-    _wait_for("the second run training", resumed_and_training, timeout=180)
-    warned = slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
-    assert warned.returncode == 0, warned.stdout
-
-    state, code = slurm.wait(int(job_id), timeout=180)  # the third run's end
+    state, code = slurm.wait(int(job_id), timeout=180)
     output = slurm.output(int(job_id))
     assert (state, code) == ("COMPLETED", "0:0"), output + slurm.logs()
     records = read_log(log)
-    runs_ = [[]]  # the log split at each resume: one list of records per run
-    for r in records:
-        if r["event"] == "resume":
-            runs_.append([])
-        runs_[-1].append(r)
-    assert len(runs_) == 3, records
-    first, second, third = runs_
-    # 1. `scontrol requeue` sends SIGTERM, which the lab takes as it takes the warning: it saves the step it
-    #    stopped after, if Slurm's KillWait leaves it the time; else the last periodic checkpoint is used.
+    runs_ = _split_runs(records)
+    assert len(runs_) == 2, records
+    first, second = runs_
+    # `scontrol requeue` sends SIGTERM, which the lab takes as it takes the warning: it saves the step it
+    # stopped after, if Slurm's KillWait leaves it the time; else the last periodic checkpoint is used.
     resumed = second[0]["step"]
     saved = [r["step"] for r in first if r["event"] == "done" and r["stop"] == "signal"]
     assert resumed == (saved[0] if saved else resumed // 10 * 10) and resumed >= 10, first[-3:] + second[:1]
-    # 2. The warning: the run stops after one step on every rank, saves it, and the next run starts there.
-    done = [r for r in second if r["event"] == "done"]
-    assert done and done[-1]["stop"] == "signal", second[-3:]
-    stop = done[-1]["step"]
-    assert third[0]["step"] == stop, "the warned run's checkpoint is the step it stopped after: nothing repeated"
-    assert third[-1]["event"] == "done" and third[-1]["stop"] == "max_steps" and third[-1]["step"] == stop + 10
-    assert third[-1]["world_size"] == 4
-    assert output.count("time-limit warning (SIGUSR1)") == 1 and f"scontrol requeue {job_id}" in output, output
-    assert f"stopped after step {stop} by the job's time-limit warning" in output or \
-        f"stopped after step {stop} by SIGTERM" in output, output
-    assert f"resumed at step {stop}" in output and "DUE TO JOB REQUEUE" in output, output
+    assert second[-1]["event"] == "done" and second[-1]["stop"] == "max_steps" and second[-1]["step"] == resumed + 10
+    assert second[-1]["world_size"] == 4
+    assert f"resumed at step {resumed}" in output and "DUE TO JOB REQUEUE" in output, output
     print(f"cpu.sbatch on 2 nodes × 2 tasks: requeued from outside, resumed at step {resumed} (saved on SIGTERM: "
-          f"{bool(saved)}); warned, saved and "
-          f"requeued itself at step {stop}; finished at step {stop + 10}")
+          f"{bool(saved)}), finished at step {resumed + 10}")
+
+
+@pytest.mark.slow
+def test_at_a_real_time_limit_a_warned_job_saves_requeues_and_finishes_and_an_unwarned_one_is_cut_off(slurm, tmp_path):
+    """cpu.sbatch on 2 nodes × 1 task with a real limit, --time=1 (Slurm counts in minutes), two jobs at
+    once, side by side on both nodes: as written, with its warning brought to 15 s before the limit (--signal=B:USR1@15
+    on the command line), and a copy without its #SBATCH --signal line. The lab cannot end by itself in
+    a first run (tests/helpers/open_ended_lab.py): only the limit ends it, whenever Slurm enforces it
+    (its checks come every 30 s), so the test asserts what happened, not when.
+    - Warned: every run that a warning stops saves the step it stopped after, and the next resumes at
+      that very step (nothing repeated); the last finishes; the job ends COMPLETED.
+    - Unwarned: the job ends as TIMEOUT, never requeued: the rest of the training is lost until it is
+      submitted again, and the steps since the last saved checkpoint with it."""
+    lab = str(ROOT / "tests" / "helpers" / "open_ended_lab.py")
+    args = ["--global-batch-size", "64", "--no-eval", "--log-every", "1", "--checkpoint-every", "10"]
+    unwarned = tmp_path / "cpu-unwarned.sbatch"
+    unwarned.write_text("".join(line for line in (SLURM_DIR / "cpu.sbatch").read_text().splitlines(True)
+                                if not line.startswith("#SBATCH --signal")))
+    jobs, seen = {}, {}
+    (tmp_path / "node").mkdir()
+    for name, script, options, open_runs in (("warned", SLURM_DIR / "cpu.sbatch", ["--signal=B:USR1@15"], "1"),
+                                             ("unwarned", unwarned, [], "1000")):
+        submitted = slurm.run(["sbatch", "--parsable", "--time=1", "--ntasks-per-node=1", *options,
+                               f"--output={slurm.tmp}/job-%j.out", str(script), *args],
+                              env={"RUNS": str(tmp_path / name), "LAB": lab, "OPEN_RUNS": open_runs,
+                                   "TMPDIR": str(tmp_path / "node")})
+        assert submitted.returncode == 0, submitted.stdout
+        jobs[name] = int(submitted.stdout.strip().split(";")[0])
+    start = time.monotonic()
+
+    def watch():  # for the report only: when the warning came and when training went on
+        warned_log = tmp_path / "warned" / "log.jsonl"
+        while "resumed" not in seen and time.monotonic() - start < 240:
+            if "warning" not in seen and "time-limit warning" in slurm.output(jobs["warned"]):
+                seen["warning"] = time.monotonic()
+            records = _records(warned_log)
+            first_resume = next((i for i, r in enumerate(records) if r["event"] == "resume"), None)
+            if first_resume is not None and any(r["event"] == "train" for r in records[first_resume:]):
+                seen["resumed"] = time.monotonic()
+            time.sleep(0.2)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    ended = {name: slurm.wait(job, timeout=300) for name, job in jobs.items()}
+    watcher.join(10)
+    output = {name: slurm.output(job) for name, job in jobs.items()}
+
+    assert ended["warned"] == ("COMPLETED", "0:0"), output["warned"] + slurm.logs()
+    runs_ = _split_runs(read_log(tmp_path / "warned" / "log.jsonl"))
+    assert len(runs_) >= 2, output["warned"]
+    for before, after in zip(runs_, runs_[1:]):  # each warning: saved where it stopped, resumed right there
+        stopped = [r for r in before if r["event"] == "done"]
+        assert stopped and stopped[-1]["stop"] == "signal", before[-3:]
+        assert after[0]["step"] == stopped[-1]["step"], (before[-2:], after[:1])
+    assert runs_[-1][-1]["event"] == "done" and runs_[-1][-1]["stop"] == "max_steps", runs_[-1][-3:]
+    assert runs_[-1][-1]["world_size"] == 2 and runs_[-1][-1]["step"] == runs_[-1][0]["step"] + 10
+    assert "time-limit warning (SIGUSR1)" in output["warned"] and "DUE TO TIME LIMIT" not in output["warned"]
+    stops = [r["step"] for run_ in runs_[:-1] for r in run_ if r["event"] == "done"]
+    assert all(f"stopped after step {step} by " in output["warned"] and f"resumed at step {step}" in output["warned"]
+               for step in stops), output["warned"]
+    assert f"scontrol requeue {jobs['warned']}" in output["warned"] and "DUE TO JOB REQUEUE" in output["warned"]
+
+    assert ended["unwarned"][0] == "TIMEOUT", output["unwarned"] + slurm.logs()
+    records = read_log(tmp_path / "unwarned" / "log.jsonl")
+    assert not any(r["event"] == "resume" for r in records), "a job that reached its limit was requeued"
+    assert "time-limit warning" not in output["unwarned"] and "DUE TO TIME LIMIT" in output["unwarned"]
+    trained = max(r["step"] for r in records if r["event"] == "train")
+    import torch
+
+    saved = torch.load(tmp_path / "unwarned" / "last.pt", weights_only=True)["progress"]["step"]
+    assert 10 <= saved <= trained, (saved, trained)
+    print(f"--time=1: warned (@15 s) at {seen.get('warning', float('nan')) - start:.1f} s after sbatch, training "
+          f"again {seen.get('resumed', float('nan')) - seen.get('warning', float('nan')):.1f} s after the warning, "
+          f"{len(runs_) - 1} requeue(s), 0 steps repeated; without --signal: TIMEOUT, not requeued, trained to step "
+          f"{trained}, last checkpoint step {saved} ({trained - saved} steps lost, and the rest of the run until "
+          "it is submitted again)")
 
 
 @pytest.mark.slow
