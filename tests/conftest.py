@@ -44,7 +44,9 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
 
 
 def torchrun_cmd(nproc, script, *args):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    """torchrun as dpcourse.launch starts it (dpcourse/torchrun.py: torch's torchrun, without the agent's
+    teardown); test_fashion_ddp's restart test runs `python -m torch.distributed.run` itself."""
+    return [sys.executable, "-m", "dpcourse.torchrun", "--standalone", f"--nproc-per-node={nproc}",
             str(script), *map(str, args)]
 
 

@@ -78,3 +78,26 @@ def test_lab_belongs_to_the_notebook_folder(root):
     assert lab("hello", root / "notebooks") == root / "labs" / "hello.py"
     with pytest.raises(CourseError, match="No lab script"):
         lab("no_such_lab", root / "solutions")
+
+
+def test_dpcourse_torchrun_is_torchrun_with_its_exit_status(tmp_path):
+    """dpcourse.torchrun runs torch's own torchrun and leaves with its status: 0, or 1 with torchrun's
+    report of the failed rank, which failure_summary reads."""
+    import subprocess
+    import sys
+
+    from dpcourse.launch import failure_summary
+
+    script = tmp_path / "exits.py"
+    script.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+                      "sys.exit(int(sys.argv[1]) if os.environ['RANK'] == '1' else 0)\n")
+    for status in (0, 3):
+        done = subprocess.run([sys.executable, "-m", "dpcourse.torchrun", "--standalone", "--nproc-per-node=2",
+                               str(script), str(status)], capture_output=True, text=True, timeout=120)
+        said = done.stdout + done.stderr
+        assert "rank 0 of 2" in said and "rank 1 of 2" in said, said
+        if status == 0:
+            assert done.returncode == 0, said
+        else:
+            assert done.returncode == 1 and "ChildFailedError" in said, said
+            assert failure_summary(said.splitlines(), done.returncode).startswith("torchrun: rank 1 failed first (exit code 3)")

@@ -101,7 +101,7 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     notebook can show what went wrong; check ``run.returncode`` (or call ``run_ok``).
     """
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    cmd = [sys.executable, "-m", "dpcourse.torchrun", "--standalone",  # torchrun, less its teardown
            f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}",
            "--log-line-prefix-template=[rank${rank}]:"]
     shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}"]  # what a learner would type
