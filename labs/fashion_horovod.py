@@ -15,6 +15,7 @@ Tensor Fusion) while backward runs, and optimizer.step() waits for them. Every l
 because of distribution is marked `# Horovod:`.
 """
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -53,6 +54,8 @@ def setup(args):
         print(f"[rank {hvd.rank()}] {placed.note}", flush=True)
     if placed.device.type == "cuda":
         torch.cuda.set_device(placed.device)  # Horovod: one GPU per process
+    # on GPUs: rank 0 lists each rank's GPU (gathered by Horovod); two ranks on one GPU stop here
+    ddp_env.gpu_roll_call(dataclasses.replace(where, device=placed.device), gather=hvd.allgather_object)
     return placed.device
 
 

@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT, run, torchrun_cmd
 from dpcourse import CourseError
 from dpcourse.dist import (DistEnv, _tasks_per_node, bound_one_each, choose_backend, default_port, describe_gpus,
-                           env_info, free_port, job_gpus, place, why_no_gpu)
+                           env_info, free_port, gpu_roll_call, job_gpus, place, why_no_gpu)
 
 HELLO = ROOT / "solutions" / "labs" / "hello.py"
 
@@ -399,3 +399,19 @@ def test_by_hand_without_master_port_says_what_torchrun_would_set():
     assert [code for code, _ in results] == [1, 1]
     [line] = messages(results)
     assert line.startswith("[rank 0] RANK and WORLD_SIZE are set") and "torchrun" in line and "MASTER_PORT" in line
+
+
+def test_the_gpu_roll_call_takes_horovods_gather_and_stops_two_ranks_on_one_gpu(monkeypatch, capsys):
+    """fashion_horovod.py gathers the roll call with hvd.allgather_object: rank 0 prints a line per rank,
+    and two ranks on the same GPU (one UUID) end the run with the fix (torch's GPU properties faked)."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(name="Fake GPU", uuid="GPU-1"))
+    env = DistEnv(rank=0, world_size=2, local_world_size=2, launcher="horovodrun", device=torch.device("cuda", 0))
+    other = lambda mine: [mine, {**mine, "rank": 1, "local_rank": 1}]  # noqa: E731 - rank 1 on the same GPU
+    with pytest.raises(CourseError, match="ranks 0 and 1 on .* share one GPU"):
+        gpu_roll_call(env, gather=other)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("Fake GPU (GPU-1)" in line for line in lines), lines
+    own = lambda mine: [mine, {**mine, "rank": 1, "local_rank": 1, "uuid": "GPU-2"}]  # noqa: E731
+    gpu_roll_call(env, gather=own)  # each its own: no error

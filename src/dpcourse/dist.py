@@ -290,18 +290,22 @@ def _driver() -> str:
         return "?"
 
 
-def gpu_roll_call(env: DistEnv) -> None:
+def gpu_roll_call(env: DistEnv, gather=None) -> None:
     """In a GPU run, right after init_process_group: rank 0 prints one line per rank (node, local rank,
     the GPU it took with its name and UUID, torch, CUDA, driver), and two ranks on one GPU end the run
-    with the fix. Nothing on the CPU."""
+    with the fix. Nothing on the CPU. ``gather(obj)`` returns every rank's ``obj`` in rank order
+    (default: torch.distributed's all_gather_object; Horovod: hvd.allgather_object)."""
     if env.device.type != "cuda":
         return
     props = torch.cuda.get_device_properties(env.device)
     mine = {"rank": env.rank, "node": socket.gethostname(), "local_rank": env.local_rank, "device": str(env.device),
             "name": props.name, "uuid": str(getattr(props, "uuid", "?")), "torch": torch.__version__,
             "cuda": torch.version.cuda, "driver": _driver(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}
-    everyone: list = [None] * env.world_size
-    dist.all_gather_object(everyone, mine)
+    if gather is None:
+        everyone: list = [None] * env.world_size
+        dist.all_gather_object(everyone, mine)
+    else:
+        everyone = list(gather(mine))
     lines, problem = describe_gpus(everyone)
     if env.rank == 0:
         print("\n".join(lines), flush=True)
