@@ -49,3 +49,61 @@ def test_the_bandwidth_step_all_reduces_between_two_processes(tmp_path):
     # nccl-tests' bus bandwidth: bytes / time × 2(n − 1)/n, which for two ranks is the algorithm bandwidth
     assert row["figures"]["busbw_gbs"] == row["figures"]["algbw_gbs"] > 0
     assert row["commands"][0].startswith("torchrun --standalone --nproc-per-node 2 ")
+
+
+def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_past_warm_up(monkeypatch):
+    """The GPU path cannot run here: its launches are recorded instead, and answered with logs shaped like
+    a 4-GPU node's. Every option it passes must be one its lab declares, and each row must read the right
+    record (images/s: the last window, not the warm-up's)."""
+    from dpcourse import gpucheck
+    from dpcourse.launch import Run
+
+    def ranks(devices):
+        return [{"rank": r, "device": f"cuda:{r}", "loaded_on": [d], "mib_per_gpu": [64, 0, 0, 0]} for r, d in enumerate(devices)]
+
+    logs = {"gpucheck": [{"event": "busbw", "backend": "nccl", "world_size": 4, "algbw_gbs": 100.0, "busbw_gbs": 150.0}],
+            "fashion_ddp": [{"event": "epoch", "samples_per_s": 50_000.0},
+                            {"event": "done", "test_accuracy": 0.905, "elapsed_s": 12.5, "epoch": 3.0, "world_size": 4}],
+            "imagenet_ddp": [{"event": "train", "samples_per_s": 900.0}, {"event": "train", "samples_per_s": 3000.0},
+                             {"event": "done", "samples_per_s": 2000.0}],
+            "fsdp_fashion": [{"event": "memory", "ranks": [{"rank": 0, "peak_bytes": 400 * 2**20}]}],
+            "bugs/no_set_device": [{"event": "done", "ranks": ranks(["cuda:0"] * 4)}],
+            "bugs/no_set_device_fixed": [{"event": "done", "ranks": ranks([f"cuda:{r}" for r in range(4)])}]}
+    calls = []
+
+    def launch(self, name, *args, nproc=None, timeout=600):
+        calls.append((name, [str(a) for a in args]))
+        return Run(["torchrun"], 0, [], logs[name])
+
+    monkeypatch.setattr(gpucheck.Checker, "launch", launch)
+    monkeypatch.setattr(gpucheck, "_jpeg_set", lambda dest, images, rehearsal: dest)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)  # a V100: fp16
+    checker = gpucheck.Checker(4, rehearsal=False, root=ROOT)
+    for name in ("nccl", "fashion", "resnet50", "memory", "clinic"):
+        checker.check(name, lambda: gpucheck.CHECKS[name](checker))
+    rows = {r.name: r for r in checker.results}
+    assert all(r.ok for r in rows.values()), rows
+    assert rows["resnet50"].figures["synthetic_images_per_s"] == 3000.0 and rows["resnet50"].figures["amp"] == "fp16"
+    assert rows["fashion"].figures["samples_per_s"] == 50_000.0 and "90.50%" in rows["fashion"].summary
+    assert "cuda:0" in rows["clinic"].summary
+    for name, args in calls:
+        source = (ROOT / "src" / "dpcourse" / "gpucheck.py" if name == "gpucheck"
+                  else ROOT / "solutions" / "labs" / f"{name}.py").read_text()
+        for option in (a for a in args if a.startswith("--")):
+            declared = f'"{option}"' in source or (option.startswith("--no-") and f'"--{option[5:]}"' in source
+                                                   and "BooleanOptionalAction" in source)
+            assert declared, f"{name} has no option {option}"
+        assert "--device" in args and args[args.index("--device") + 1] == "cuda" or name.startswith("bugs/"), (name, args)
+
+
+def test_a_failed_lab_run_is_a_failed_row_and_the_others_still_run(monkeypatch):
+    from dpcourse import gpucheck
+    from dpcourse.launch import Run
+
+    monkeypatch.setattr(gpucheck.Checker, "launch",
+                        lambda self, name, *a, **k: Run(["torchrun"], 1, ["[rank1]: RuntimeError: CUDA out of memory"], []))
+    checker = gpucheck.Checker(2, rehearsal=False, root=ROOT)
+    checker.check("fashion", lambda: gpucheck.fashion(checker))
+    checker.check("nccl", lambda: gpucheck.nccl(checker))
+    assert [r.ok for r in checker.results] == [False, False]
+    assert checker.results[0].summary == "FAILED: exit status 1: [rank1]: RuntimeError: CUDA out of memory"

@@ -5,12 +5,13 @@
 
 On the GPUs this process sees (one process per GPU, each launch through torchrun) it runs:
 
-    doctor     python -m dpcourse.doctor, its all-reduce on every GPU included
+    doctor     python -m dpcourse.doctor, its two-process all-reduce included
     nccl       all_reduce bus bandwidth of a 256 MiB float32 tensor (nccl-tests' definition:
                bytes / time × 2(n − 1)/n), over NCCL; needs 2 GPUs
     fashion    labs/fashion_ddp.py on every GPU to 90 % test accuracy: the time it took
-    resnet50   labs/imagenet_ddp.py, ResNet-50 with bf16 autocast and channels_last: images/s with
-               --synthetic (compute only) and from JPEG files (decoded by DataLoader workers)
+    resnet50   labs/imagenet_ddp.py, ResNet-50 with autocast (bf16, or fp16 on GPUs without native bf16)
+               and channels_last: images/s over all GPUs, with --synthetic (compute only) and from
+               JPEG files (decoded by DataLoader workers, read from the page cache), past warm-up
     memory     labs/fsdp_fashion.py --memory ddp and fsdp: each rank's peak GPU memory
     clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a checkpoint
                saved from cuda:0 lands (the symptom needs 2 GPUs)
@@ -44,6 +45,11 @@ from dpcourse.errors import CourseError
 from dpcourse.launch import Run, lab, python, torchrun
 
 MIB = 2**20
+
+
+def cores() -> int:
+    """The cores this process may use: in a Slurm job, the job's (its CPU affinity), not the node's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass
@@ -86,8 +92,12 @@ class Checker:
         try:
             summary, figures = step()
             ok = True
-        except (CourseError, AssertionError, subprocess.SubprocessError, OSError) as err:
-            summary, figures, ok = f"FAILED: {str(err).splitlines()[0] if str(err) else type(err).__name__}", {}, False
+        except CourseError as err:
+            if str(err).startswith("Interrupted"):  # Ctrl-C in a run: stop here, not at the next check
+                raise KeyboardInterrupt from err
+            summary, figures, ok = f"FAILED: {str(err).splitlines()[0]}", {}, False
+        except Exception as err:  # noqa: BLE001 - a failed check is a row of the table, not a traceback
+            summary, figures, ok = f"FAILED: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", {}, False
         row = Result(name, ok, summary, round(time.perf_counter() - start, 1), figures, self._commands)
         self.results.append(row)
         print(f"{'ok' if ok else 'FAILED':6} {name:9} {summary} ({row.seconds:.0f} s)", flush=True)
@@ -134,10 +144,12 @@ def fashion(c: Checker):
         args += ["--max-steps", 3, "--eval-every", 3, "--width", 4]
     else:
         args += ["--target-accuracy", target, "--epochs", 10]
-    done = _last(c.launch("fashion_ddp", *args), "done")
+    run = c.launch("fashion_ddp", *args)
+    done = _last(run, "done")
     accuracy, seconds = done.get("test_accuracy"), done.get("elapsed_s")
+    speeds = [r["samples_per_s"] for r in run.log if r.get("samples_per_s")]  # the done record's window may be empty
     figures = {"test_accuracy": accuracy, "elapsed_s": seconds, "epoch": done.get("epoch"),
-               "samples_per_s": done.get("samples_per_s"), "world_size": done.get("world_size")}
+               "samples_per_s": speeds[-1] if speeds else None, "world_size": done.get("world_size")}
     if not c.rehearsal and (accuracy is None or accuracy < target):
         raise CourseError(f"test accuracy {accuracy} after {done.get('epoch')} epochs, below {target:.0%}")
     return (f"{accuracy:.2%} test accuracy after {done.get('epoch')} epochs in {seconds:.1f} s "
@@ -146,33 +158,54 @@ def fashion(c: Checker):
 
 def resnet50(c: Checker):
     if c.rehearsal:
-        model = ["--arch", "resnet18", "--image-size", 32, "--batch-size", 2, "--amp", "off", "--no-channels-last"]
-        steps, per_class, classes = 2, 2, 4
-    else:
-        model = ["--arch", "resnet50", "--batch-size", 128, "--amp", "bf16", "--channels-last"]
-        steps, per_class, classes = 60, 40, 100
-    common = [*model, "--device", c.device, "--backend", c.backend, "--no-eval", "--log-every", max(1, steps // 3),
-              "--max-steps", steps]
-    synthetic = _throughput(c.launch("imagenet_ddp", "--synthetic", "--synthetic-steps", steps, *common))
+        amp, batch, steps, every = "off", 2, 2, 1
+        model = ["--arch", "resnet18", "--image-size", 32, "--no-channels-last"]
+    else:  # bf16 where the GPU has it natively (A100, H100 ...), else fp16 (V100, T4)
+        amp = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+        batch, steps, every = 128, 60, 20
+        model = ["--arch", "resnet50", "--channels-last"]
+    common = [*model, "--amp", amp, "--batch-size", batch, "--device", c.device, "--backend", c.backend,
+              "--no-eval", "--log-every", every, "--max-steps", steps]
+    synthetic = _throughput(c.launch("imagenet_ddp", "--synthetic", "--synthetic-steps", steps + 1, *common), steps, every)
     with tempfile.TemporaryDirectory(prefix="dpcourse-gpu-check-") as tmp:
-        from dpcourse.images import make_imagefolder
+        # One epoch longer than the run (a new epoch starts new DataLoader workers): a few hundred drawn
+        # JPEGs, hard-linked until the epoch has (steps + 1) global batches.
+        jpegs = _jpeg_set(Path(tmp), (steps + 1) * batch * c.nproc, rehearsal=c.rehearsal)
+        workers = 2 if c.rehearsal else max(1, min(8, cores() // c.nproc - 1))
+        jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", jpegs, "--epochs", 1, "--workers", workers, *common),
+                           steps, every)
+    return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files ({jpeg / synthetic:.0%} of it; "
+            f"{amp}, all {c.on}: {synthetic / c.nproc:,.0f} and {jpeg / c.nproc:,.0f} per process)"), \
+        {"synthetic_images_per_s": synthetic, "jpeg_images_per_s": jpeg, "amp": amp, "batch_per_process": batch,
+         "dataloader_workers_per_process": workers}
 
-        make_imagefolder(tmp, classes=classes, per_class=per_class, val_per_class=1, size=256 if not c.rehearsal else 48,
-                         progress=False)
-        epochs = -(-steps * 128 * c.nproc // (classes * per_class)) if not c.rehearsal else 2
-        jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", tmp, "--epochs", epochs, "--workers",
-                                    2 if c.rehearsal else max(1, min(8, (os.cpu_count() or 8) // c.nproc - 1)), *common))
-    return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files "
-            f"({jpeg / synthetic:.0%} of it)"), {"synthetic_images_per_s": synthetic, "jpeg_images_per_s": jpeg}
+
+def _jpeg_set(dest: Path, images: int, rehearsal: bool) -> Path:
+    """An ImageFolder (train/, val/) with at least ``images`` training files: 400 drawn JPEGs of 256 px
+    (4 of 48 px rehearsing), hard-linked over and over (cheap: no more drawing, no more disk)."""
+    from dpcourse.images import make_imagefolder
+
+    classes, drawn = (4, 1) if rehearsal else (100, 4)
+    make_imagefolder(dest, classes=classes, per_class=drawn, val_per_class=1, size=48 if rehearsal else 256,
+                     progress=False)
+    per_class = -(-images // classes)
+    for folder in sorted(p for p in (dest / "train").iterdir() if p.is_dir()):
+        originals = sorted(folder.iterdir())
+        for i in range(len(originals), per_class):
+            source = originals[i % len(originals)]
+            os.link(source, folder / f"{source.stem}_copy{i:06d}{source.suffix}")
+    return dest
 
 
-def _throughput(run: Run) -> float:
-    """Images per second of the last logged window (past the first steps' warm-up)."""
+def _throughput(run: Run, steps: int, every: int) -> float:
+    """Images per second over all processes in the last logged window, past the first (warm-up: cuDNN's
+    autotuning, the first batches, the DataLoader's start)."""
     _last(run, "done")
-    windows = [r["samples_per_s"] for r in run.log if r.get("event") == "train" and r.get("samples_per_s")]
-    if not windows:
-        raise CourseError("the run logged no throughput")
-    return windows[-1]
+    windows = [r for r in run.log if r.get("event") == "train" and r.get("samples_per_s")]
+    if len(windows) < 2 and every < steps:
+        raise CourseError(f"the run logged {len(windows)} throughput window(s) of {every} steps; 2 were expected "
+                          "(the first is warm-up)")
+    return windows[-1]["samples_per_s"]
 
 
 def memory(c: Checker):
@@ -233,7 +266,7 @@ def busbw_worker(args) -> None:
     for _ in range(args.iters):
         dist.all_reduce(x)
     sync()
-    seconds = torch.tensor([(time.perf_counter() - start) / args.iters])
+    seconds = torch.tensor([(time.perf_counter() - start) / args.iters], device=env.device)  # NCCL: on the GPU
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's time is the collective's
     n, size = env.world_size, args.mib * MIB
     algbw = size / seconds.item() / 1e9
@@ -284,25 +317,36 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown check(s) {', '.join(sorted(unknown))}: choose from {', '.join(CHECKS)}")
     if not args.cpu_rehearsal and not torch.cuda.is_available():
-        print(f"make gpu-check needs a GPU, and none is usable here: {ddp_env.why_no_gpu()}. Run it on a GPU node "
-              "(e.g. salloc --gpus-per-node=1, then make gpu-check there).", file=sys.stderr)
+        print(f"make gpu-check needs a GPU, and none is usable here: {ddp_env.why_no_gpu()}. Run it on a GPU node, "
+              "e.g. srun --gpus-per-node=4 --cpus-per-gpu=8 --time=30:00 make gpu-check (with your account and "
+              "partition).", file=sys.stderr)
         return 2
     root = project_root(Path.cwd())
     if root is None:
         print("make gpu-check runs from inside the course checkout.", file=sys.stderr)
         return 2
     nproc = args.nproc or (2 if args.cpu_rehearsal else torch.cuda.device_count())
-    ensure_fashion_mnist()
+    try:
+        ensure_fashion_mnist()
+    except CourseError as err:
+        print(f"make gpu-check: {err}", file=sys.stderr)
+        return 1
     node = describe_node(args.cpu_rehearsal)
     checker = Checker(nproc, args.cpu_rehearsal, root)
-    for name in args.only.split(","):
-        checker.check(name, lambda: CHECKS[name](checker))
-    print(table(node, checker.results), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({**node, "nproc": nproc, "checks": [asdict(r) for r in checker.results]},
-                                              indent=1) + "\n")
-        print(f"figures in {args.json}", flush=True)
+    try:
+        for name in args.only.split(","):
+            checker.check(name, lambda: CHECKS[name](checker))
+    except KeyboardInterrupt:
+        print("make gpu-check: interrupted; the checks done so far follow", file=sys.stderr)
+        checker.results.append(Result("stopped", False, "interrupted (Ctrl-C)"))
+    finally:
+        if checker.results:
+            print(table(node, checker.results), flush=True)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({**node, "nproc": nproc,
+                                                   "checks": [asdict(r) for r in checker.results]}, indent=1) + "\n")
+            print(f"figures in {args.json}", flush=True)
     failed = [r.name for r in checker.results if not r.ok]
     if failed:
         print(f"make gpu-check: {len(failed)} check(s) failed: {', '.join(failed)} (their lines above say why)",

@@ -88,7 +88,9 @@ CPU_MALLOC = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold
 
 
 def _threads_per_worker(nproc: int) -> int:
-    return max(1, (os.cpu_count() or 1) // nproc)
+    """This job's cores (its CPU affinity: in a Slurm job, what it was given, not the node's) per worker."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // nproc)
 
 
 def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: float = 300,
