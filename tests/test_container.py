@@ -94,19 +94,30 @@ def test_the_test_section_fails_when_the_sum_is_wrong(parts, tmp_path):
     assert done.returncode == 1 and "wrong sum" in done.stdout, done.stdout
 
 
-def test_runscript_starts_jupyterlab_on_the_port_given(parts, tmp_path):
+def test_runscript_starts_jupyterlab_on_the_port_given_and_keeps_its_token_to_its_owner(parts, tmp_path):
+    """%runscript: JupyterLab on this host's own address (not 0.0.0.0), port retries off, the token in
+    its environment and in a 0600 file, never in its arguments."""
+    import socket
+
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "jupyter").write_text('#!/bin/sh\necho "jupyter $*"\n')
+    (fake / "jupyter").write_text('#!/bin/sh\necho "jupyter $*"\necho "token in env: $JUPYTER_TOKEN"\n')
     (fake / "jupyter").chmod(0o755)
     script = tmp_path / "run.sh"
     script.write_text(parts["runscript"])
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
-    done = subprocess.run(["sh", str(script), "--port", "9999", "--ServerApp.token=x"], cwd=tmp_path, env=env,
+    connect = tmp_path / "private" / "connect.txt"
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "CONNECT": str(connect)}
+    env.pop("JUPYTER_TOKEN", None)
+    done = subprocess.run(["sh", str(script), "--port", "9999", "--ServerApp.base_url=/x/"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("jupyter lab --no-browser --ip=0.0.0.0 --port=9999"), done.stdout
-    assert done.stdout.rstrip().endswith("--ServerApp.token=x") and f"--ServerApp.root_dir={tmp_path}" in done.stdout
+    launched = next(line for line in done.stdout.splitlines() if line.startswith("jupyter "))
+    host = socket.gethostname()
+    assert launched.startswith(f"jupyter lab --no-browser --ip={host} --port=9999 --ServerApp.port_retries=0"), launched
+    assert launched.rstrip().endswith("--ServerApp.base_url=/x/") and f"--ServerApp.root_dir={tmp_path}" in launched
+    token = re.search(r"token=(\w+)", connect.read_text()).group(1)
+    assert len(token) == 32 and token not in launched and f"token in env: {token}" in done.stdout
+    assert oct(connect.stat().st_mode & 0o777) == "0o600" and f"cat {connect} (readable by you alone)" in done.stdout
 
 
 def test_the_horovod_image_builds_on_the_course_image_and_its_test_runs_here():

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -403,20 +404,25 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_and_finishes_and_an_un
 
 
 @pytest.mark.slow
-def test_jupyter_on_a_compute_node_prints_its_tunnel(slurm, tmp_path):
-    out = tmp_path / "jupyter.out"
+def test_jupyter_on_a_compute_node_keeps_its_token_to_its_owner(slurm, tmp_path):
+    """jupyter.sbatch: the tunnel line and the token go to a connection file of mode 0600 that the job's
+    log names; the token is on no process's command line and not in the log; the server answers with
+    the token and refuses without it."""
+    out, connect = tmp_path / "jupyter.out", tmp_path / "private" / "jupyter.txt"
     sub = slurm.run(["sbatch", "--parsable", f"--output={out}", "--cpus-per-task=2", str(SLURM_DIR / "jupyter.sbatch")],
-                    env={"RUNS": str(tmp_path / "runs"), "LOGIN": "login.example.org"})
+                    env={"RUNS": str(tmp_path / "runs"), "LOGIN": "login.example.org", "CONNECT": str(connect)})
     assert sub.returncode == 0, sub.stdout
     job_id = sub.stdout.strip().split(";")[0]
+    tunnel = r"ssh -N -o ExitOnForwardFailure=yes -L 8888:(\S+):(\d+) \S+@login.example.org"
     try:
         deadline = time.monotonic() + 90
-        while not (out.exists() and (m := re.search(r"ssh -N -L 8888:(\S+):(\d+) \S+@login.example.org", out.read_text()))):
+        while not (connect.exists() and (m := re.search(tunnel, connect.read_text()))):
             assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
             time.sleep(0.5)
         node, port = m.groups()
-        token = re.search(r"lab\?token=(\w+)", out.read_text()).group(1)
-        assert node in ("n1", "n2")
+        token = re.search(r"lab\?token=(\w+)", connect.read_text()).group(1)
+        assert node in ("n1", "n2") and len(token) == 32
+        assert oct(connect.stat().st_mode & 0o777) == "0o600", oct(connect.stat().st_mode)
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         while True:
             try:
@@ -426,8 +432,34 @@ def test_jupyter_on_a_compute_node_prints_its_tunnel(slurm, tmp_path):
             except OSError:
                 assert time.monotonic() < deadline, out.read_text()
                 time.sleep(0.5)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            direct.open(f"http://127.0.0.1:{port}/api/status", timeout=5)
+        assert refused.value.code == 403
+        args = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "jupyter lab" in args and token not in args  # the server is running, and its token is nowhere in argv
+        log = out.read_text()
+        assert token not in log and f"cat {connect} (readable by you alone)" in log, log
     finally:
         slurm.run(["scancel", job_id])
+
+
+@pytest.mark.slow
+def test_jupyter_on_a_taken_port_ends_the_job_with_one_line(slurm, tmp_path):
+    """--ServerApp.port_retries=0: JupyterLab does not move to another port than the tunnel names; the job
+    ends, and its last line says why."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        job = slurm.sbatch(SLURM_DIR / "jupyter.sbatch", "--cpus-per-task=2", timeout=120,
+                           env={"RUNS": str(tmp_path / "runs"), "PORT": str(port), "CONNECT": str(tmp_path / "c.txt")})
+    assert job.returncode != 0, job.output
+    last = [line for line in job.output.splitlines() if line.strip()][-1]
+    assert re.fullmatch(rf"JupyterLab stopped or could not start on n[12]:{port} \(a port another program took, or an "
+                        r"error above\): submit again", last), job.output
+    assert f"The port {port} is already in use" in job.output, job.output
 
 
 def test_without_slurm_notebook_09_falls_back_to_the_committed_job(monkeypatch, tmp_path):
