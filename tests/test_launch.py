@@ -88,16 +88,19 @@ def test_dpcourse_torchrun_is_torchrun_with_its_exit_status(tmp_path):
 
     from dpcourse.launch import failure_summary
 
-    script = tmp_path / "exits.py"
-    script.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+    script = tmp_path / "exits.py"  # each rank leaves a file (two ranks' prints may interleave), then exits
+    script.write_text("import os, sys\nopen(os.path.join(sys.argv[2], 'rank' + os.environ['RANK']), 'w').close()\n"
                       "sys.exit(int(sys.argv[1]) if os.environ['RANK'] == '1' else 0)\n")
     for status in (0, 3):
+        ran = tmp_path / f"ran-{status}"
+        ran.mkdir()
         done = subprocess.run([sys.executable, "-m", "dpcourse.torchrun", "--standalone", "--nproc-per-node=2",
-                               str(script), str(status)], capture_output=True, text=True, timeout=120)
+                               str(script), str(status), str(ran)], capture_output=True, text=True, timeout=120)
         said = done.stdout + done.stderr
-        assert "rank 0 of 2" in said and "rank 1 of 2" in said, said
+        assert sorted(p.name for p in ran.iterdir()) == ["rank0", "rank1"], said
         if status == 0:
             assert done.returncode == 0, said
         else:
             assert done.returncode == 1 and "ChildFailedError" in said, said
+            assert "dpcourse/torchrun.py" not in said  # the traceback is torchrun's, as without the wrapper
             assert failure_summary(said.splitlines(), done.returncode).startswith("torchrun: rank 1 failed first (exit code 3)")

@@ -21,8 +21,9 @@ def main() -> int:
         return 0
     except SystemExit as end:
         return end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
-    except BaseException:  # noqa: BLE001 - torchrun's ChildFailedError, a signal: as Python would end
-        traceback.print_exc()
+    except BaseException as err:  # noqa: BLE001 - torchrun's ChildFailedError, a signal: as Python would end
+        # as `python -m torch.distributed.run` prints it: from runpy's frames on, not this file's
+        traceback.print_exception(type(err), err, err.__traceback__.tb_next)
         return 1
 
 
