@@ -175,7 +175,8 @@ def resnet50(c: Checker):
         jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", jpegs, "--epochs", 1, "--workers", workers, *common),
                            steps, every)
     return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files ({jpeg / synthetic:.0%} of it; "
-            f"{amp}, all {c.on}: {synthetic / c.nproc:,.0f} and {jpeg / c.nproc:,.0f} per process)"), \
+            f"{'autocast ' + amp if amp != 'off' else 'no autocast'}, all {c.on}: {synthetic / c.nproc:,.0f} and "
+            f"{jpeg / c.nproc:,.0f} per process)"), \
         {"synthetic_images_per_s": synthetic, "jpeg_images_per_s": jpeg, "amp": amp, "batch_per_process": batch,
          "dataloader_workers_per_process": workers}
 
