@@ -54,9 +54,9 @@ def setup(args):
 
 
 def cleanup():
-    # DDP: every rank done with its collectives before any leaves (FSDP's asynchronous ones included:
-    # without it, on gloo and 3 ranks, one rank aborted at exit once in six runs here; none in 12 with it)
-    dist.barrier()
+    # every rank finishes its collectives, FSDP's background ones included, before any leaves: without
+    # this barrier a rank sometimes aborted at exit (gloo, 3 ranks, the course's 2-core test machine)
+    dist.barrier()  # FSDP: no rank leaves while another's collectives still run
     dist.destroy_process_group()  # DDP: leave the group so every rank exits cleanly
 
 

@@ -1,6 +1,6 @@
 """make gpu-check: what one GPU node gives the course, in one table, the week before a workshop.
 
-    make gpu-check                                   # on a GPU node: salloc --gpus-per-node=N ..., then this
+    srun --gpus-per-node=N --cpus-per-gpu=8 --time=30:00 make gpu-check   # on a GPU node
     python -m dpcourse.gpucheck --json build/gpu-check.json
 
 On the GPUs this process sees (one process per GPU, each launch through torchrun) it runs:
