@@ -42,14 +42,9 @@ import torch.distributed as dist
 from dpcourse import dist as ddp_env
 from dpcourse.data import ensure_fashion_mnist, project_root
 from dpcourse.errors import CourseError
-from dpcourse.launch import Run, lab, python, torchrun
+from dpcourse.launch import Run, _cause, job_cores, lab, python, torchrun
 
 MIB = 2**20
-
-
-def cores() -> int:
-    """The cores this process may use: in a Slurm job, the job's (its CPU affinity), not the node's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass
@@ -105,9 +100,8 @@ class Checker:
 
 def _last(run: Run, event: str | None = None) -> dict:
     """Rank 0's last log record (of ``event``), or an error with the run's last line."""
-    if run.returncode != 0:
-        said = [line for line in run.lines + run.agent_lines if line.strip()]
-        raise CourseError(f"exit status {run.returncode}: {said[-1].strip() if said else 'no output'}")
+    if run.returncode != 0:  # the last error a rank printed, as run_ok names it
+        raise CourseError(f"exit status {run.returncode}: {_cause(run.lines) or 'no output'}")
     records = [r for r in run.log if event is None or r.get("event") == event]
     if not records:
         raise CourseError(f"the run logged no {event or 'record'}")
@@ -171,7 +165,7 @@ def resnet50(c: Checker):
         # One epoch longer than the run (a new epoch starts new DataLoader workers): a few hundred drawn
         # JPEGs, hard-linked until the epoch has (steps + 1) global batches.
         jpegs = _jpeg_set(Path(tmp), (steps + 1) * batch * c.nproc, rehearsal=c.rehearsal)
-        workers = 2 if c.rehearsal else max(1, min(8, cores() // c.nproc - 1))
+        workers = 2 if c.rehearsal else max(1, min(8, job_cores() // c.nproc - 1))
         jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", jpegs, "--epochs", 1, "--workers", workers, *common),
                            steps, every)
     return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files ({jpeg / synthetic:.0%} of it; "

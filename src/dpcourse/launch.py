@@ -87,10 +87,13 @@ def lab(name: str, start: Path | None = None) -> Path:
 CPU_MALLOC = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
 
 
+def job_cores() -> int:
+    """The cores this process may use: its CPU affinity (in a Slurm job, what the job was given, not the node's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _threads_per_worker(nproc: int) -> int:
-    """This job's cores (its CPU affinity: in a Slurm job, what it was given, not the node's) per worker."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // nproc)
+    return max(1, job_cores() // nproc)
 
 
 def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: float = 300,
