@@ -54,8 +54,7 @@ def setup(args):
 
 
 def cleanup():
-    # every rank finishes its collectives, FSDP's background ones included, before any leaves: without
-    # this barrier a rank sometimes aborted at exit (gloo, 3 ranks, the course's 2-core test machine)
+    # every rank finishes its collectives, FSDP's background ones included, before any leaves the group
     dist.barrier()  # FSDP: no rank leaves while another's collectives still run
     dist.destroy_process_group()  # DDP: leave the group so every rank exits cleanly
 

@@ -13,6 +13,8 @@ is there, settles MASTER_ADDR/MASTER_PORT, checks them and gathers the ranks, an
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import re
 import shutil
@@ -37,6 +39,35 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401,E402
 
 from .errors import CourseError
+
+
+def _release_destroyed_groups() -> None:
+    """At exit, once a lab has called ``destroy_process_group``: let go of what still holds its groups.
+
+    torch 2.14's DTensor keeps every DeviceMesh it has seen in module-level caches (sharding
+    propagation, redistribution plans, mesh topology), and a mesh keeps its process groups. So after
+    FSDP (``fully_shard``) or tensor parallelism, the destroyed group and gloo's threads live on into
+    the interpreter's exit, where a rank can abort ("terminate called without an active exception";
+    3 gloo ranks of labs/fsdp_fashion.py, in CI). Emptied here, the group is freed and its threads end
+    before Python does. A group still initialized (no cleanup) is left as it is.
+    $DPCOURSE_EXIT_THREADS=1: each process then prints the threads it still has (the tests read it)."""
+    if not dist.is_available() or dist.is_initialized():
+        return
+    if "torch.distributed.tensor" in sys.modules:
+        from torch.distributed.tensor import _collective_utils, _redistribute, debug
+
+        for clear in (debug._clear_sharding_prop_cache, _redistribute.clear_redistribute_planner_cache,
+                      _redistribute._gen_transform_infos.cache_clear,
+                      _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear):
+            clear()
+        gc.collect()
+    if os.environ.get("DPCOURSE_EXIT_THREADS") == "1":
+        tasks = f"/proc/{os.getpid()}/task"
+        names = sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks))
+        print(f"[exit] rank {os.environ.get('RANK', '?')} threads: {' '.join(names)}", flush=True)
+
+
+atexit.register(_release_destroyed_groups)
 
 DEFAULT_TIMEOUT_S = 300  # a collective that waits longer than this ends the run
 
