@@ -41,32 +41,44 @@ import torch.distributed.nn  # noqa: F401,E402
 from .errors import CourseError
 
 
+def _report_threads_at_exit() -> None:
+    """$DPCOURSE_EXIT_THREADS=1: this process's threads as it exits, in one line (the tests read it).
+    Registered before ``_release_destroyed_groups``, so it runs after it (atexit runs in reverse)."""
+    if os.environ.get("DPCOURSE_EXIT_THREADS") != "1":
+        return
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    os.write(1, f"[exit] rank {os.environ.get('RANK', '?')} threads: {' '.join(sorted(names))}\n".encode())
+
+
 def _release_destroyed_groups() -> None:
     """At exit, once a lab has called ``destroy_process_group``: let go of what still holds its groups.
 
     torch 2.14's DTensor keeps every DeviceMesh it has seen in module-level caches (sharding
     propagation, redistribution plans, mesh topology), and a mesh keeps its process groups. So after
-    FSDP (``fully_shard``) or tensor parallelism, the destroyed group and gloo's threads live on into
-    the interpreter's exit, where a rank can abort ("terminate called without an active exception";
-    3 gloo ranks of labs/fsdp_fashion.py, in CI). Emptied here, the group is freed and its threads end
-    before Python does. A group still initialized (no cleanup) is left as it is.
-    $DPCOURSE_EXIT_THREADS=1: each process then prints the threads it still has (the tests read it)."""
-    if not dist.is_available() or dist.is_initialized():
+    FSDP (``fully_shard``) the destroyed group and gloo's threads live on into the interpreter's exit,
+    where a rank can abort ("terminate called without an active exception"; 3 gloo ranks of
+    labs/fsdp_fashion.py, in CI). Emptied here, the group is freed and its threads end before Python
+    does. The sharding cache is per thread: this empties the main thread's, which is all of it on the
+    CPU (backward runs there), not what autograd's GPU threads filled. A group still initialized (no
+    cleanup) is left as it is."""
+    if not dist.is_available() or dist.is_initialized() or "torch.distributed.tensor" not in sys.modules:
         return
-    if "torch.distributed.tensor" in sys.modules:
-        from torch.distributed.tensor import _collective_utils, _redistribute, debug
+    from torch.distributed.tensor import _collective_utils, _redistribute, debug
 
-        for clear in (debug._clear_sharding_prop_cache, _redistribute.clear_redistribute_planner_cache,
-                      _redistribute._gen_transform_infos.cache_clear,
-                      _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear):
-            clear()
-        gc.collect()
-    if os.environ.get("DPCOURSE_EXIT_THREADS") == "1":
-        tasks = f"/proc/{os.getpid()}/task"
-        names = sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks))
-        print(f"[exit] rank {os.environ.get('RANK', '?')} threads: {' '.join(names)}", flush=True)
+    for clear in (debug._clear_sharding_prop_cache, _redistribute.clear_redistribute_planner_cache,
+                  _redistribute._gen_transform_infos.cache_clear,
+                  _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear):
+        clear()
+    gc.collect()
 
 
+atexit.register(_report_threads_at_exit)
 atexit.register(_release_destroyed_groups)
 
 DEFAULT_TIMEOUT_S = 300  # a collective that waits longer than this ends the run

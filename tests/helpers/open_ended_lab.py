@@ -7,13 +7,14 @@ a run stopped again on its way (a second warning) leaves the next one fewer step
 $NICE: the run's niceness, so that a test's other job, which only waits for its limit, leaves the
 cores to this one's restarts."""
 import os
-import runpy
-import sys
-from pathlib import Path
 
-import torch
+os.nice(int(os.environ.get("NICE", "0")))  # before torch's import, which is most of a start's work
 
-os.nice(int(os.environ.get("NICE", "0")))
+import runpy  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
 LAB = Path(__file__).resolve().parents[2] / "solutions" / "labs" / "fashion_ddp.py"
 args = sys.argv[1:]
 if int(os.environ.get("SLURM_RESTART_COUNT", "0")) < int(os.environ["OPEN_RUNS"]):
