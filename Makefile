@@ -52,8 +52,11 @@ course: data
 lab: data
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_setup.ipynb$(if $(filter 0,$(shell id -u)), --allow-root)
 
+# Two pytest-xdist workers (TEST_WORKERS=0: one process): while one test waits on a launcher, a daemon
+# or a kernel, the other worker's test has the core; tests/workgroups.py keeps tests that share state on one.
+TEST_WORKERS ?= 2
 test: setup
-	OMP_NUM_THREADS=1 TQDM_DISABLE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 TQDM_DISABLE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Refuses to overwrite edited copies in notebooks/ and labs/ (a learner's work) unless FORCE=1.
 student: setup

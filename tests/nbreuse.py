@@ -167,6 +167,20 @@ def pytest_configure(config):
 REPORT = pytest.StashKey[list]()
 
 
+def pytest_sessionfinish(session):
+    """On a pytest-xdist worker: hand what it collected to the controller, which prints the summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["nbreuse"] = session.config.stash.get(REPORT, [])
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a worker has finished
+def pytest_testnodedown(node, error):
+    seen = node.config.stash.setdefault(REPORT, [])
+    for name, reason in getattr(node, "workeroutput", {}).get("nbreuse", []):
+        if (name, reason) not in seen:  # every worker collects every notebook
+            seen.append((name, reason))
+
+
 def pytest_terminal_summary(terminalreporter, config):
     seen = config.stash.get(REPORT, [])
     if not seen:
