@@ -1,31 +1,66 @@
 """tests/workgroups.py: which tests `make test`'s two pytest-xdist workers keep together."""
 import os
+import re
 import sys
 
 from conftest import ROOT, run
-from workgroups import SLURM_MODULES, group
+from workgroups import group
 
 
 def test_tests_that_share_state_share_a_group():
-    # a notebook's cells run in one kernel
-    assert group("solutions/03_collectives.ipynb::Cell 0") == group("solutions/03_collectives.ipynb::Cell 7") \
-        == "solutions/03_collectives.ipynb"
-    # a notebook's wrong answers share its cached namespace; another notebook's go elsewhere
-    first, second = (group(f"tests/test_exercises.py::test_check_rejects_wrong_answers[12-exercise {k}]") for k in (1, 9))
-    assert first == second != group("tests/test_exercises.py::test_check_rejects_wrong_answers[11-exercise 1]")
-    # a module's tests share its fixtures; every module on the local Slurm shares the one cluster
+    # a notebook's cells, its wrong answers and its guard run all write build/NN/
+    cells = {group(f"solutions/03_collectives.ipynb::Cell {k}") for k in (0, 7)}
+    wrong = {group(f"tests/test_exercises.py::test_check_rejects_wrong_answers[03-exercise {k}]") for k in (1, 2)}
+    guard = group("tests/test_outputs.py::test_compared_outputs_do_not_depend_on_the_cpu_dispatch_or_the_thread_count"
+                  "[03_collectives.ipynb]")
+    assert cells == wrong == {guard} == {"notebook 03"}
+    assert group("tests/test_exercises.py::test_check_rejects_wrong_answers[11-exercise 1]") == "notebook 11"
+    # the guard's other tests, and any other module, are their module
+    assert group("tests/test_outputs.py::test_compared_cells_are_found_as_nbval_finds_them") == "tests/test_outputs.py"
     assert group("tests/test_launch.py::test_a") == group("tests/test_launch.py::test_b[x]") == "tests/test_launch.py"
-    assert {group(f"{module}::test_x") for module in SLURM_MODULES} == {"slurm"}
+    # the local Slurm: the fixture's modules, notebook 09 (its own cluster), test_dist (its pretend jobs' ports)
+    assert {group("tests/test_slurm_templates.py::test_x[a]"), group("solutions/09_cluster.ipynb::Cell 4"),
+            group("tests/test_exercises.py::test_check_rejects_wrong_answers[09-exercise 1]"),
+            group("tests/test_dist.py::test_y")} == {"slurm"}
+
+
+def test_every_module_that_uses_the_slurm_fixture_is_in_the_slurm_group():
+    """What the collection check enforces, read from the sources: a module whose tests take `slurm`."""
+    takes = re.compile(r"^def test_\w+\([^)]*\bslurm\b", re.M)
+    modules = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if takes.search(p.read_text())}
+    assert {"tests/test_slurm.py", "tests/test_slurm_templates.py"} <= modules
+    assert {m: group(f"{m}::test_x") for m in modules} == dict.fromkeys(modules, "slurm")
+
+
+def _toy(tmp_path, *args):
+    """pytest on a toy tree with workgroups loaded: its own `slurm` fixture, two test modules of the
+    Slurm group (by their paths), one module outside it, one Slurm test outside it if asked."""
+    (tmp_path / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef slurm():\n    return None\n")
+    (tmp_path / "tests").mkdir()
+    for name in ("test_slurm", "test_dist", "test_other"):
+        uses = "slurm" if name == "test_slurm" else ""
+        (tmp_path / "tests" / f"{name}.py").write_text("".join(f"def test_{k}({uses}):\n    pass\n\n" for k in range(4)))
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return run([sys.executable, "-m", "pytest", "-p", "workgroups", "-p", "no:cacheprovider", "-c", os.devnull,
+                "--rootdir", str(tmp_path), "-n", "2", "--dist", "loadgroup", "-v", *args], cwd=tmp_path, env=env,
+               timeout=120)
+
+
+def test_two_workers_run_each_group_on_one_worker(tmp_path):
+    done = _toy(tmp_path, "tests")
+    assert done.returncode == 0, done.stdout
+    ran = re.findall(r"\[(gw\d)\] .*PASSED (tests/test_\w+\.py)::", done.stdout)
+    assert len(ran) == 12, done.stdout
+    workers = {module: {gw for gw, m in ran if m == module} for _, module in ran}
+    assert all(len(gws) == 1 for gws in workers.values()), workers  # a group never splits
+    assert workers["tests/test_slurm.py"] == workers["tests/test_dist.py"], workers  # one Slurm group
 
 
 def test_a_slurm_test_outside_the_listed_modules_stops_the_run(tmp_path):
     """A module that takes the `slurm` fixture without being in SLURM_MODULES would start a second
     cluster on the other worker: the run stops at collection and says where to add it."""
-    (tmp_path / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef slurm():\n    return None\n")
     (tmp_path / "test_new.py").write_text("def test_on_slurm(slurm):\n    pass\n\ndef test_plain():\n    pass\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    done = run([sys.executable, "-m", "pytest", "-p", "workgroups", "-p", "no:cacheprovider", "-c", os.devnull,
-                "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, env=env, timeout=60)
-    assert done.returncode != 0, done.stdout
-    assert "add their modules to SLURM_MODULES in tests/workgroups.py" in done.stdout and "test_on_slurm" in done.stdout, done.stdout
-    assert "test_plain" not in done.stdout.split("SLURM_MODULES", 1)[1], done.stdout
+    done = _toy(tmp_path, "tests", "test_new.py")
+    assert done.returncode != 0 and "passed" not in done.stdout, done.stdout
+    said = done.stdout.split("add their modules to SLURM_MODULES in tests/workgroups.py", 1)
+    assert len(said) == 2 and "'test_new.py::test_on_slurm'" in said[1] and "test_plain" not in said[1], done.stdout
