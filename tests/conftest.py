@@ -59,7 +59,7 @@ def lab_cmd(nproc, script, *args):
 
 
 @pytest.fixture(scope="session")
-def slurm():
+def slurm_cluster():
     """A real two-node Slurm cluster (nodes n1, n2) on this machine; see dpcourse/localslurm.py.
 
     Skipped where it cannot run (not root, Slurm or munge not installed), except in CI
@@ -73,3 +73,11 @@ def slurm():
         pytest.skip(f"no local Slurm cluster: {why}")
     with harness.start() as cluster:
         yield cluster
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The session's cluster, left empty and idle after each test (Cluster.settle): a job one test
+    leaves behind never delays the next test's."""
+    yield slurm_cluster
+    slurm_cluster.settle()

@@ -211,10 +211,12 @@ def test_scaling_array_writes_a_study_the_plot_reads(slurm, tmp_path):
     print(f"scaling_array.sbatch: 2 array tasks, {seconds:.1f} s")
 
 
-def rank_pid(rank: int, job_marker: str, timeout: float = 60) -> int:
-    """The pid of the lab process whose RANK is ``rank`` and whose environment holds ``job_marker``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def rank_pid(rank: int, job_marker: str, job: threading.Thread) -> int | None:
+    """The pid of the lab process whose RANK is ``rank`` and whose environment holds ``job_marker``,
+    looked for while the job (``job``, the thread that waits on it) is still on the cluster: no clock, since
+    under the other worker's load a job takes anything from seconds to a minute to start its ranks.
+    None if the job ended first."""
+    while job.is_alive():
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
@@ -227,34 +229,36 @@ def rank_pid(rank: int, job_marker: str, timeout: float = 60) -> int:
                     env.get("RANK", env.get("SLURM_PROCID")) == str(rank) and "torchrun" not in cmd.split("\0")[0]:
                 return int(proc.name)
         time.sleep(0.2)
-    raise AssertionError(f"no process of rank {rank} appeared within {timeout} s")
+    return None
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, options", [("multi_node.sbatch", FIT),
                                            ("task_per_gpu.sbatch", [*FIT, "--ntasks-per-node=2", "--cpus-per-task=1"])])
 def test_a_dead_rank_ends_the_job_fast(slurm, name, options, tmp_path):
-    """Rank 3 (on the second node) is killed mid-training: the job fails within seconds, long before
-    the collective timeout (120 s here). Under torchrun, its agent ends the node's other process;
-    srun --kill-on-bad-exit ends the rest."""
+    """Rank 3 (on the second node) is killed mid-training: the job fails long before the collective
+    timeout (600 s here) could end it. Under torchrun, its agent ends the node's other process;
+    srun --kill-on-bad-exit ends the rest. Structural, not timed: the job's 300 s allowance is half the
+    timeout, so a job that ends at all was ended by the launchers; the seconds it took are printed."""
     runs = tmp_path / "runs"
     result = {}
     thread = threading.Thread(target=lambda: result.update(job=slurm.sbatch(
-        SLURM_DIR / name, *options, args=["--epochs", "1", "--timeout", "120", *localslurm.ON_THE_CPU], timeout=300,
+        SLURM_DIR / name, *options, args=["--epochs", "1", "--timeout", "600", *localslurm.ON_THE_CPU], timeout=300,
         env={"RUNS": str(runs)})))
     thread.start()
-    pid = rank_pid(3, str(runs))
-    deadline = time.monotonic() + 120
+    ended_early = lambda what: f"the job ended before {what}:\n{result['job'].output if result else 'sbatch failed'}"  # noqa: E731
+    pid = rank_pid(3, str(runs), thread)
+    assert pid, ended_early("a process of rank 3 appeared")
     while not (runs / "log.jsonl").exists() or "epoch_start" not in (runs / "log.jsonl").read_text():
-        assert time.monotonic() < deadline, "training did not start"
+        assert thread.is_alive(), ended_early("training started")
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
-    thread.join(timeout=150)
+    thread.join()  # sbatch --wait, at most its 300 s (then it cancels the job, and result stays empty)
     ended = time.monotonic() - killed
+    assert result, f"the job was still running {ended:.0f} s after rank 3 died (cancelled)"
     job = result["job"]
     assert job.returncode != 0, job.output
-    assert ended < 30, f"the job took {ended:.0f} s to end after rank 3 died"
     assert "done" not in (runs / "log.jsonl").read_text()
     print(f"{name}: rank 3 killed, job over {ended:.1f} s later (exit status {job.returncode})")
 

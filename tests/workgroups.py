@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(session, config, items):
             first.setdefault(group(item.nodeid), (_rank(item), len(first)))
         items.sort(key=lambda item: first[group(item.nodeid)])
     strays = [item.nodeid for item in items
-              if "slurm" in getattr(item, "fixturenames", ()) and group(item.nodeid) != "slurm"]
+              if {"slurm", "slurm_cluster"} & set(getattr(item, "fixturenames", ())) and group(item.nodeid) != "slurm"]
     if strays:
         why = (f"these tests use the local Slurm cluster: add their modules to SLURM_MODULES in "
                f"tests/workgroups.py (one cluster, one worker): {strays}")

@@ -216,6 +216,22 @@ class Cluster:
         subprocess.run(["scancel", f"--user={os.getuid()}"], env=clean_env(**self.env),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
 
+    def settle(self, timeout: float = 60) -> None:
+        """End whatever is still on the course's own cluster and wait until its queue is empty and
+        every node idle, so that the next job starts at once instead of queueing behind a left-over one
+        (a cancelled JupyterLab, a sleeper). Raises SlurmTimeout, naming what is left."""
+        self.cancel_all()
+        deadline = time.monotonic() + timeout
+        while True:
+            queue = self.run(["squeue", "--noheader", "--format=%i %j %T"], timeout=10).stdout.strip()
+            states = self.node_states()
+            if not queue and all(states.get(n) == "idle" for n in NODES):
+                return
+            if time.monotonic() > deadline:
+                raise SlurmTimeout(f"the test cluster did not settle within {timeout:g} s: queue {queue or 'empty'}, "
+                                   f"nodes {states}\n{self.logs()}")
+            time.sleep(0.2)
+
     def logs(self) -> str:
         """The tail of every daemon's log, for a failure message."""
         return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
