@@ -17,6 +17,12 @@ from dpcourse.launch import CPU_MALLOC  # noqa: E402 - it imports torch: after O
 
 os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
 
+# "Within seconds": how long a test lets an error that must come at once take, from the launch to the
+# message. Alone, these runs take 2-8 s (Python, torch's import, a launcher); `make test`'s other worker
+# can make that 3-5 times as long. The bound catches a hang (c10d's 80-139 s of retries for an unknown
+# host, say); each test's message, not the clock, shows which path ended the run.
+AT_ONCE_S = 60
+
 # Simulates a machine with no network: every download goes to a closed local port.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
            "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": ""}
@@ -71,7 +77,7 @@ def slurm_cluster():
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI needs the local Slurm cluster: {why}", pytrace=False)
         pytest.skip(f"no local Slurm cluster: {why}")
-    with harness.start() as cluster:
+    with harness.start(timeout=120) as cluster:  # nodes idle in seconds; a cap for a hang
         yield cluster
 
 

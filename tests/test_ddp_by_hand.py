@@ -8,7 +8,6 @@ import json
 import re
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -128,9 +127,8 @@ def test_training_mode_matches_torch_ddp(tmp_path, fashion_root):
 def test_check_rejects_a_wrong_answer(tmp_path, wrong_a, wrong_b):
     lab = tmp_path / "ddp_by_hand.py"
     lab.write_text(with_answers({e: WRONG[e][w] for e, w in (("A", wrong_a), ("B", wrong_b)) if w is not None}))
-    start = time.perf_counter()
-    result = run(torchrun_cmd(2, lab, "--check", "--timeout", 20), timeout=90)
-    assert time.perf_counter() - start < 60, "a wrong answer must fail, not hang"
+    # A wrong answer must fail, not hang: one that leaves a rank waiting ends at the 20-s collective timeout.
+    result = run(torchrun_cmd(2, lab, "--check", "--timeout", 20), timeout=300)
     assert result.returncode != 0, result.stdout
     found = verdicts(result.stdout)
     assert list(found) == VARIANTS, result.stdout
@@ -146,22 +144,22 @@ def test_a_right_answer_written_differently_passes(tmp_path):
     """Exercise A with the division first and a new tensor: still the average, still ok."""
     lab = tmp_path / "ddp_by_hand.py"
     lab.write_text(with_answer("A", "p.grad = p.grad / world_size\ndist.all_reduce(p.grad)"))
-    result = run(torchrun_cmd(2, lab, "--check"), timeout=90)
+    result = run(torchrun_cmd(2, lab, "--check"), timeout=300)
     assert result.returncode == 0, result.stdout
     assert verdicts(result.stdout)["NaiveDDP"].startswith("ok"), result.stdout
 
 
 @pytest.mark.parametrize("fault, args", [
     ("if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 breaks')", []),
-    ("if dist.get_rank() == 1:\n    time.sleep(120)", ["--timeout", 5]),  # rank 0 waits at most 5 s
+    ("if dist.get_rank() == 1:\n    time.sleep(3600)", ["--timeout", 5]),  # rank 0 waits at most 5 s
 ], ids=["a rank raises", "a rank is stuck"])
 def test_a_failing_or_stuck_rank_ends_the_run_on_every_rank(tmp_path, fault, args):
+    """Rank 0's failure (its error, or its 5-s timeout) ends rank 1 too: the run ends in well under the
+    hour rank 1 would sleep, and under the 300 s the test allows, whatever the machine's load."""
     lab = tmp_path / "ddp_by_hand.py"
     lab.write_text(with_answer("A", fault + "\ndist.all_reduce(p.grad)\np.grad /= world_size"))
-    start = time.perf_counter()
-    result = run(torchrun_cmd(2, lab, "--check", *args), timeout=90)
+    result = run(torchrun_cmd(2, lab, "--check", *args), timeout=300)
     assert result.returncode != 0, result.stdout
-    assert time.perf_counter() - start < 45, result.stdout
     assert "rank 1 breaks" in result.stdout or "Timed out" in result.stdout, result.stdout
 
 
@@ -169,9 +167,7 @@ def test_student_copy_stops_at_its_stubs_with_the_hint():
     text = STUDENT.read_text()
     assert text == student_script(SOLUTION.read_text()), "labs/ddp_by_hand.py is stale: regenerate it"
     assert text.count(STUB_RAISE) == 2 and text.count("# Hint: ") == 2
-    start = time.perf_counter()
-    result = run(torchrun_cmd(2, STUDENT, "--check"), timeout=90)
-    assert time.perf_counter() - start < 60
+    result = run(torchrun_cmd(2, STUDENT, "--check"), timeout=300)
     assert result.returncode != 0, result.stdout
     found = verdicts(result.stdout)
     assert list(found) == VARIANTS, result.stdout

@@ -302,6 +302,9 @@ def test_check_rejects_wrong_answers(notebook, check, name, exercise, capsys):
         if err is None:  # a string answer (from its exercise cell on), or a lab that an earlier cell runs: the whole way
             err, _ = run_check(nb, check, exercise, body, key=None if isinstance(body, Lab) else notebook)
         assert isinstance(err, (AssertionError, CourseError)), f"{name}: the check accepts a wrong answer ({what}): {err!r}"
+        # A lab run the launcher stopped at its timeout (dpcourse.launch) is not the check's verdict: it would
+        # pass here whatever the check does (a slow machine, or a wrong answer that hangs).
+        assert "took longer than" not in str(err), f"{name}: a run timed out instead of being checked ({what}): {err}"
 
 
 def test_with_answer_replaces_only_the_solution_region():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import OFFLINE, ROOT, lab_cmd, run, torchrun_cmd
+from conftest import AT_ONCE_S, OFFLINE, ROOT, lab_cmd, run, torchrun_cmd
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.dist import free_port
 from dpcourse.metrics import read_log
@@ -108,14 +108,13 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
            "--target-accuracy", "0.90", "--log-json", str(tmp_path / "log.jsonl")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 60
-    while not (ck / "last.pt").exists() and time.time() < deadline:
+    while not (ck / "last.pt").exists():  # the first checkpoint (written whole: a rename), however long it takes
+        assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.2)
-    time.sleep(1.0)  # mid-epoch, past the checkpoint
     pid = _worker_pid(str(ck), rank=1)
     assert pid, "no rank-1 worker found"
     os.kill(pid, signal.SIGKILL)
-    out = proc.communicate(timeout=240)[0]
+    out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out
     # The last checkpoint before the kill: step 100 on a quiet machine, 200 or later under load.
     resumed = re.search(r"resumed at step ([1-9]\d*00)\b", out)
@@ -134,12 +133,11 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_saved_then_re
               "--global-batch-size", 64]
     proc = subprocess.Popen(torchrun_cmd(2, LAB, *common, "--epochs", 1000), cwd=ROOT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while not (log.exists() and '"train"' in log.read_text()):
-        assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+    while not (log.exists() and '"train"' in log.read_text()):  # it cannot end by itself: no clock
+        assert proc.poll() is None, f"training never started: {proc.communicate()[0]}"
         time.sleep(0.2)
     os.kill(_worker_pid(str(ck), rank=1), signal.SIGUSR1)
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out
     done = read_log(log)[-1]
     assert done["event"] == "done" and done["stop"] == "signal" and done["replicas_max_diff"] == 0.0, done
@@ -148,7 +146,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_saved_then_re
     assert "Traceback" not in out, out
     assert torch.load(ck / "last.pt", weights_only=True)["progress"]["step"] == stopped
 
-    resumed = run(torchrun_cmd(2, LAB, *common, "--max-steps", stopped + 2), timeout=120)
+    resumed = run(torchrun_cmd(2, LAB, *common, "--max-steps", stopped + 2), timeout=300)
     assert resumed.returncode == 0, resumed.stdout
     assert f"resumed at step {stopped}" in resumed.stdout
     assert read_log(log)[-1]["step"] == stopped + 2
@@ -160,12 +158,11 @@ def test_a_signal_before_any_checkpoint_dir_says_nothing_was_saved(tmp_path, fas
     proc = subprocess.Popen([sys.executable, str(LAB), "--log-json", str(log), "--log-every", "1", "--no-eval",
                              "--epochs", "1000"], cwd=ROOT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while not (log.exists() and '"train"' in log.read_text()):
-        assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+    while not (log.exists() and '"train"' in log.read_text()):  # it cannot end by itself: no clock
+        assert proc.poll() is None, f"training never started: {proc.communicate()[0]}"
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out
     step = read_log(log)[-1]["step"]
     assert f"stopped after step {step} by SIGTERM (time limit, scancel or preemption); nothing was saved " \
@@ -173,29 +170,32 @@ def test_a_signal_before_any_checkpoint_dir_says_nothing_was_saved(tmp_path, fas
 
 
 def test_a_dead_peer_without_restarts_ends_every_other_rank_quickly(tmp_path, fashion_root):
-    """Two srun-style tasks; one is killed mid-training; the other exits non-zero with one line."""
+    """Two srun-style tasks; one is killed mid-training; the other exits non-zero with one line, long
+    before its collective timeout (600 s here) could have ended it: under half of it, so not by it."""
     port = free_port()
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_STEP_ID": "0",
                "SLURM_JOB_ID": "31", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0",
                "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(LAB), "--timeout", "20", "--log-json", str(tmp_path / "l")],
+        procs.append(subprocess.Popen([sys.executable, str(LAB), "--timeout", "600", "--log-json", str(tmp_path / "l")],
                                       cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    deadline = time.time() + 60
-    while not (tmp_path / "l").exists() or "train" not in (tmp_path / "l").read_text():
-        assert time.time() < deadline, "training never started"
+    while not (tmp_path / "l").exists() or "train" not in (tmp_path / "l").read_text():  # 3 epochs: no clock
+        assert all(p.poll() is None for p in procs), f"training never started: {procs[0].communicate()[0]}"
         time.sleep(0.2)
     procs[1].kill()
     start = time.perf_counter()
-    out = procs[0].communicate(timeout=60)[0]
-    assert procs[0].returncode != 0 and time.perf_counter() - start < 20
+    out = procs[0].communicate(timeout=400)[0]
+    assert procs[0].returncode != 0 and time.perf_counter() - start < 300
     assert "lost another rank in the middle of" in out and "Traceback" not in out, out
 
 
 def test_time_budget_stops(fashion_root):
+    """--time-budget 2 ends 3 epochs (1,407 steps) early, whatever the machine's load: not a clock on the run."""
     result, log = lab(1, "--time-budget", "2")
-    assert result.returncode == 0 and log[-1]["stop"] == "time_budget" and log[-1]["elapsed_s"] < 10
+    assert result.returncode == 0, result.stdout
+    done = log[-1]
+    assert done["stop"] == "time_budget" and done["step"] < 3 * 469 and done["elapsed_s"] >= 2, done
 
 
 # ---- bad input: one clear line, non-zero exit, within seconds, no traceback per rank ------
@@ -215,8 +215,8 @@ def assert_one_message(result, *expected):
 ])
 def test_bad_options_say_what_to_do(args, expected, fashion_root):
     start = time.perf_counter()
-    result, _ = lab(2, *args, timeout=60)
-    assert time.perf_counter() - start < 30
+    result, _ = lab(2, *args, timeout=2 * AT_ONCE_S)
+    assert time.perf_counter() - start < AT_ONCE_S
     assert_one_message(result, *expected)
 
 
@@ -243,7 +243,7 @@ def test_no_data_offline(tmp_path):
     env = {**OFFLINE, "DPCOURSE_DATA": str(tmp_path / "empty"), "DPCOURSE_SYSTEM_DATA": "/nonexistent"}
     start = time.perf_counter()
     result, _ = lab(2, timeout=90, env=env)
-    assert time.perf_counter() - start < 60
+    assert time.perf_counter() - start < AT_ONCE_S
     assert_one_message(result, "sudo apt-get install dataset-fashion-mnist")
 
 

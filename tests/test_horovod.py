@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run, torchrun_cmd
+from conftest import AT_ONCE_S, ROOT, run, torchrun_cmd
 from dpcourse import localslurm
 from dpcourse.metrics import read_log
 
@@ -107,8 +107,8 @@ def test_resume_broadcasts_rank0s_checkpoint(tmp_path):
 @needs_horovod
 def test_a_learners_mistake_is_one_line_within_seconds():
     start = time.monotonic()
-    done = run([HOROVODRUN, "--gloo", "-np", "2", sys.executable, LAB, "--global-batch-size", "7"], timeout=60)
-    assert done.returncode != 0 and time.monotonic() - start < 30
+    done = run([HOROVODRUN, "--gloo", "-np", "2", sys.executable, LAB, "--global-batch-size", "7"], timeout=2 * AT_ONCE_S)
+    assert done.returncode != 0 and time.monotonic() - start < AT_ONCE_S
     said = [line for line in done.stdout.splitlines() if "does not split into 2 equal per-worker batches" in line]
     ranks = [line for line in done.stdout.splitlines() if line.startswith(("[0]", "[1]"))]
     assert len(said) == 1 and not any("Traceback" in line for line in ranks), done.stdout  # (horovodrun has its own)
@@ -159,4 +159,5 @@ def test_notebook_11_without_horovod_shows_the_committed_run(tmp_path, monkeypat
     assert check_results(nb) == [("○", "exercise 1 — the Horovod lines of labs/fashion_horovod.py: averaged gradients, "
                                         "the broadcasts, the metric, set_epoch — not checked: Horovod is not installed "
                                         "here (make horovod, then restart the kernel)")]
-    assert seconds < 60, f"{seconds:.0f} s without Horovod"
+    assert "$ horovodrun" not in said and "$ mpirun" not in said, said  # nothing trained: the committed run is shown
+    print(f"notebook 11 without Horovod: {seconds:.1f} s")

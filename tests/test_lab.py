@@ -32,7 +32,7 @@ def test_jupyterlab_serves_the_student_notebook_without_nbgrader(tmp_path):
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file)
     try:
         url = f"{base}/api/contents/notebooks/00_setup.ipynb?token={token}&content=0"  # the checkout's top
-        deadline = time.time() + 60
+        deadline = time.time() + 180  # a cap for a hang: it starts in seconds alone, more beside the other worker
         while True:
             try:
                 with direct.open(url, timeout=5) as response:

@@ -46,7 +46,11 @@ def test_study_end_to_end(study, tmp_path):
 
     rows = scaling.table(out)
     assert [(r["mode"], r["workers"]) for r in rows] == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
-    assert all(r["complete"] and r["samples_per_s"] > 0 and 0 < r["efficiency"] <= 1.5 for r in rows), rows
+    # Throughputs measured minutes apart on a shared machine: their ratio is not bounded, its definition is.
+    k1 = {r["mode"]: r["samples_per_s"] for r in rows if r["workers"] == 1}
+    assert all(r["complete"] and r["samples_per_s"] > 0 for r in rows), rows
+    assert all(r["speedup"] == pytest.approx(r["samples_per_s"] / k1[r["mode"]]) and
+               r["efficiency"] == pytest.approx(r["speedup"] / r["workers"]) for r in rows), rows
     assert [r["global_batch"] for r in rows] == [64, 64, 32, 64]
     assert [r["batch_size"] for r in rows] == [64, 32, 32, 32]
 

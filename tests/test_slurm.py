@@ -10,6 +10,8 @@ import shlex
 
 import pytest
 
+from conftest import AT_ONCE_S
+
 pytestmark = pytest.mark.slow
 HELLO = "solutions/labs/hello.py"
 
@@ -104,7 +106,7 @@ def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
 def test_unresolvable_master_addr_under_srun_is_one_line_within_seconds(slurm):
     start = time.perf_counter()
     done = slurm.srun("-N1", "-n2", slurm.python, HELLO, env={"MASTER_ADDR": "no-such-node.invalid"})
-    assert done.returncode != 0 and time.perf_counter() - start < 20
+    assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S
     assert one_line(done.stdout).startswith("[rank 0] MASTER_ADDR=no-such-node.invalid does not resolve")
 
 
@@ -113,7 +115,7 @@ def test_a_task_that_dies_before_setup_is_named_by_rank0(slurm):
     crash_1 = f'[ "$SLURM_PROCID" = 1 ] && exit 3; exec {shlex.quote(slurm.python)} {HELLO}'
     start = time.perf_counter()
     done = slurm.srun("-N1", "-n2", "bash", "-c", crash_1, env={"DPCOURSE_RDZV_TIMEOUT_S": "4"})
-    assert done.returncode != 0 and time.perf_counter() - start < 20
+    assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S
     line = one_line(done.stdout)
     assert line.startswith("[rank 0] rank 1 of 2 did not join within 4 s") and "--kill-on-bad-exit=1" in line
 
@@ -142,7 +144,7 @@ def _state(slurm, job_id: str) -> str:
 
 
 def _wait_running(slurm, *job_ids: str) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a cap for a hang: two sleepers start at once
     while any(_state(slurm, j) != "RUNNING" for j in job_ids):
         assert time.monotonic() < deadline, slurm.run(["squeue"]).stdout
         time.sleep(0.3)
@@ -196,7 +198,7 @@ def test_a_gpu_job_whose_processes_see_no_gpu_ends_with_one_line(slurm):
     (what the GPU templates pass) ends in one line from rank 0 naming the cause; auto says it trains on the CPU."""
     start = time.perf_counter()
     done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO, "--device", "cuda")
-    assert done.returncode != 0 and time.perf_counter() - start < 30, done.stdout
+    assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S, done.stdout
     said = [line for line in done.stdout.splitlines() if "--device cuda, but this process sees no GPU" in line]
     assert len(said) == 1 and "CUDA finds none of the GPUs Slurm gave the job" in said[0] and "Traceback" not in done.stdout, done.stdout
     auto = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO)

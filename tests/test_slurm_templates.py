@@ -379,7 +379,7 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_and_finishes_and_an_un
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        ended = {name: slurm.wait(job, timeout=300) for name, job in jobs.items()}
+        ended = {name: slurm.wait(job, timeout=900) for name, job in jobs.items()}
     except TimeoutError as late:
         pytest.fail(f"{late}\n--- warned job:\n{slurm.output(jobs['warned'])}\n--- unwarned job:\n"
                     f"{slurm.output(jobs['unwarned'])}\n{slurm.logs()}", pytrace=False)
@@ -429,7 +429,7 @@ def test_jupyter_on_a_compute_node_keeps_its_token_to_its_owner(slurm, tmp_path)
     job_id = sub.stdout.strip().split(";")[0]
     tunnel = r"ssh -N -o ExitOnForwardFailure=yes -L 8888:(\S+):(\d+) \S+@login.example.org"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 300  # queue and start; a cap for a hang
         while not (connect.exists() and (m := re.search(tunnel, connect.read_text()))):
             assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
             time.sleep(0.5)

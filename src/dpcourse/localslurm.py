@@ -175,7 +175,7 @@ class Cluster:
             time.sleep(0.5)
         return ours
 
-    def srun(self, *args: str, timeout: float = 60, env: dict | None = None):
+    def srun(self, *args: str, timeout: float = 120, env: dict | None = None):
         return self.run(["srun", *map(str, args)], timeout, env)
 
     def sbatch(self, script: str | Path, *options: str, args=(), timeout: float = 60,

@@ -68,7 +68,7 @@ try {
       .map((p) => p.textContent.trim());
     return !prompts.some((p) => p.includes('*')) && prompts.some((p) => /^\[\d+\]:$/.test(p));
   }, null, { timeout: runTimeout, polling: 250 });
-  await waitKernelIdle(page, 30_000);
+  await waitKernelIdle(page, 90_000);
   mark('run_all');
 
   const prompts = await notebook.locator('.jp-CodeCell .jp-InputPrompt').allTextContents();
@@ -124,9 +124,9 @@ try {
     const changed = await page.waitForFunction(([cell, src]) => {
       const img = cell.querySelector('.widget-output img, .jupyter-widgets-output-area img');
       return img && img.complete && img.naturalWidth > 0 && img.getAttribute('src') !== src;
-    }, [await widgetCell.elementHandle(), before.src], { timeout: 30_000, polling: 200 }).then(() => true, () => false);
+    }, [await widgetCell.elementHandle(), before.src], { timeout: 90_000, polling: 200 }).then(() => true, () => false);
     result.plot_changed = changed;
-    await waitKernelIdle(page, 30_000);
+    await waitKernelIdle(page, 90_000);
     await page.waitForTimeout(300);
     result.slider.plot_bytes = { before: before.src?.length ?? 0,
                                  after: (await plot.getAttribute('src').catch(() => null))?.length ?? 0 };
@@ -138,7 +138,7 @@ try {
   await page.keyboard.press('Escape');
   await page.keyboard.press('Control+s');
   await page.waitForFunction(() => !document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty'),
-    null, { timeout: 15_000 }).then(() => { result.saved = true; }, () => {});
+    null, { timeout: 60_000 }).then(() => { result.saved = true; }, () => {});
   mark('saved');
   await screenshots(page, widgetCell);
   mark('screenshots');
