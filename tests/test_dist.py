@@ -212,6 +212,17 @@ def test_port_in_use_gives_one_clear_message():
     assert "Traceback" not in result.stdout
 
 
+def test_an_unfinished_exercise_is_said_once_by_rank0_even_when_rank0_comes_to_it_last():
+    """Rank 1 meets the stub 5 s before rank 0 (a loaded machine: CI once saw both ranks say it, when
+    rank 1 waited a fixed 3 s): it waits for rank 0's word in the group's store, not for a clock."""
+    result = run(torchrun_cmd(2, ROOT / "tests/helpers/late_stub.py", 5), timeout=2 * AT_ONCE_S)
+    assert result.returncode != 0
+    said = [line for line in result.stdout.splitlines() if "This exercise of the lab is not done yet" in line]
+    assert len(said) == 1 and said[0].startswith("[rank0]:"), result.stdout
+    ranks = re.split(r"^[WE]1\d{3} ", result.stdout.split("*****\n", 2)[-1], flags=re.M)[0]  # before torchrun's own report
+    assert "Traceback" not in ranks, result.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_nccl_on_cpu_node_under_torchrun_fails_fast_and_clearly():
     start = time.perf_counter()

@@ -400,6 +400,38 @@ _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken p
               "Socket Timeout", "Timed out waiting", "timed out", "NCCL communicator was aborted")
 
 
+_SAID = "dpcourse/exercise_said"  # set in the group's store by rank 0 once it has said the unfinished exercise
+_SAID_WAIT_S = 30.0
+
+
+def _rank0_said_it() -> bool:
+    """A rank other than 0 at an unfinished exercise: wait until rank 0 has said it (it meets the same stub,
+    but on a loaded machine it can come there seconds later). True once it has, or once rank 0 is gone (its
+    store with it: it said it, or its own error); False if it has not within _SAID_WAIT_S (rank 0 busy
+    elsewhere, e.g. in a collective this rank will never join): then this rank says it. A launcher that ends
+    the job when rank 0 fails ends this rank first. Without a process group: 3 s, then this rank says it."""
+    store = dist.distributed_c10d._get_default_store() if dist.is_available() and dist.is_initialized() else None
+    if store is None:
+        time.sleep(3.0)
+        return False
+    try:
+        store.wait([_SAID], timedelta(seconds=_SAID_WAIT_S))
+        return True
+    except dist.DistNetworkError:  # rank 0's process, which serves the store, has ended
+        return True
+    except RuntimeError:  # DistStoreError: the wait's timeout
+        return False
+
+
+def _tell_the_others() -> None:
+    """Rank 0, once it has said the unfinished exercise: the other ranks may end without a word."""
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.distributed_c10d._get_default_store().set(_SAID, "1")
+    except RuntimeError:
+        pass  # nobody left to tell
+
+
 def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
     """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a traceback;
     so is an unfinished exercise of a learner's lab, which every rank meets alike: rank 0 says it.
@@ -409,8 +441,8 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
     text = str(err)
     if isinstance(err, NotImplementedError) and text.startswith("Exercise:") \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
-        if env_info().rank != 0:  # rank 0 says it; if it is busy elsewhere for a few seconds more, this rank does
-            time.sleep(3.0)
+        if env_info().rank != 0 and _rank0_said_it():
+            return  # exit status 1, without a word: rank 0 has said it
         where = traceback.extract_tb(tb)[-1]
         try:
             path = os.path.relpath(where.filename)
@@ -419,6 +451,8 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
         print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
               "not done yet: complete it (its notebook's check says when it is right), or run the "
               "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
+        if env_info().rank == 0:
+            _tell_the_others()
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
