@@ -1,5 +1,7 @@
 """Shared fixtures. The suite runs real processes: torchrun, notebooks, the real FashionMNIST."""
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +45,43 @@ def fashion_root() -> Path:
 
 
 def run(cmd, timeout=120, env=None, cwd=ROOT):
-    """Run a command, return CompletedProcess with text output (stdout+stderr merged)."""
+    """Run a command, return CompletedProcess with text output (stdout+stderr merged). Past ``timeout``,
+    the command and every process it started in its session (a launcher's workers) are killed, so that
+    a failed test leaves nothing running beside the next ones."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # SIGTERM first: torchrun's agent then ends its workers (own sessions)
+        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out)
+
+
+# The launchers' own log lines (torchrun's agent, c10d): "W1126 07:12:03.527000 ..." (level, month, day, time).
+LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d", re.M)
+
+
+def ranks_part(output: str) -> str:
+    """What the ranks printed: the lines after the launcher's opening log lines (a banner) and before its
+    next one (its report of a failure)."""
+    lines = output.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if not LAUNCHER_LOG.match(line)), len(lines))
+    end = next((i for i in range(start, len(lines)) if LAUNCHER_LOG.match(lines[i])), len(lines))
+    return "".join(lines[start:end])
 
 
 def torchrun_cmd(nproc, script, *args):

@@ -8,12 +8,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import AT_ONCE_S, OFFLINE, ROOT, lab_cmd, run, torchrun_cmd
+from conftest import AT_ONCE_S, LAUNCHER_LOG, OFFLINE, ROOT, lab_cmd, run, torchrun_cmd
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.dist import free_port
 from dpcourse.metrics import read_log
@@ -34,7 +35,7 @@ def lab(nproc, *args, timeout=180, env=None):
 
 def messages(output):
     """What the ranks said, without torchrun's own lines."""
-    return [line for line in output.splitlines() if line.strip() and not line.startswith(("W1", "E1", "I1"))
+    return [line for line in output.splitlines() if line.strip() and not LAUNCHER_LOG.match(line)
             and "torch.distributed" not in line and "torchrun" not in line.lower()]
 
 
@@ -101,20 +102,52 @@ def _worker_pid(marker: str, rank: int) -> int | None:
     return None
 
 
+@contextmanager
+def started(cmd, env=None):
+    """The command, started in a session of its own; at the end, whatever is left of it (a launcher's
+    workers, a run a failed assertion left behind) is killed, so that it does not train on beside the
+    next tests."""
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
+    try:
+        yield proc
+    finally:  # SIGTERM first: torchrun's agent then ends its workers (each in a session of its own)
+        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        proc.wait()
+        proc.stdout.close()
+
+
+def wait_until(ready, *procs, what: str, cap: float = 600):
+    """Wait for ``ready()`` while every process runs: an event, not a clock (``cap`` ends only a hang)."""
+    deadline = time.monotonic() + cap
+    while not ready():
+        dead = [p for p in procs if p.poll() is not None]
+        assert not dead, f"{what}: the run ended first:\n{dead[0].communicate()[0]}"
+        assert time.monotonic() < deadline, f"{what}: not within {cap:.0f} s (a hang)"
+        time.sleep(0.2)
+
+
 def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp_path, fashion_root):
     ck = tmp_path / "ck"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
            str(LAB), "--checkpoint-dir", str(ck), "--checkpoint-every", "100", "--resume", "auto",
            "--target-accuracy", "0.90", "--log-json", str(tmp_path / "log.jsonl")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    while not (ck / "last.pt").exists():  # the first checkpoint (written whole: a rename), however long it takes
-        assert proc.poll() is None, proc.communicate()[0]
-        time.sleep(0.2)
-    pid = _worker_pid(str(ck), rank=1)
-    assert pid, "no rank-1 worker found"
-    os.kill(pid, signal.SIGKILL)
-    out = proc.communicate(timeout=600)[0]
+    with started(cmd) as proc:
+        # The first checkpoint (written whole: a rename), however long the load makes it take.
+        wait_until((ck / "last.pt").exists, proc, what="the first checkpoint")
+        pid = _worker_pid(str(ck), rank=1)
+        assert pid, "no rank-1 worker found"
+        os.kill(pid, signal.SIGKILL)
+        out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out
     # The last checkpoint before the kill: step 100 on a quiet machine, 200 or later under load.
     resumed = re.search(r"resumed at step ([1-9]\d*00)\b", out)
@@ -131,13 +164,10 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_saved_then_re
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
     common = ["--checkpoint-dir", ck, "--resume", "auto", "--log-json", log, "--log-every", 1, "--no-eval",
               "--global-batch-size", 64]
-    proc = subprocess.Popen(torchrun_cmd(2, LAB, *common, "--epochs", 1000), cwd=ROOT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    while not (log.exists() and '"train"' in log.read_text()):  # it cannot end by itself: no clock
-        assert proc.poll() is None, f"training never started: {proc.communicate()[0]}"
-        time.sleep(0.2)
-    os.kill(_worker_pid(str(ck), rank=1), signal.SIGUSR1)
-    out = proc.communicate(timeout=300)[0]
+    with started(torchrun_cmd(2, LAB, *common, "--epochs", 1000)) as proc:
+        wait_until(lambda: log.exists() and '"train"' in log.read_text(), proc, what="the first step")
+        os.kill(_worker_pid(str(ck), rank=1), signal.SIGUSR1)
+        out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out
     done = read_log(log)[-1]
     assert done["event"] == "done" and done["stop"] == "signal" and done["replicas_max_diff"] == 0.0, done
@@ -155,14 +185,10 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_saved_then_re
 def test_a_signal_before_any_checkpoint_dir_says_nothing_was_saved(tmp_path, fashion_root):
     """SIGTERM (scancel, the time limit itself) to a one-process run without --checkpoint-dir."""
     log = tmp_path / "log.jsonl"
-    proc = subprocess.Popen([sys.executable, str(LAB), "--log-json", str(log), "--log-every", "1", "--no-eval",
-                             "--epochs", "1000"], cwd=ROOT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    while not (log.exists() and '"train"' in log.read_text()):  # it cannot end by itself: no clock
-        assert proc.poll() is None, f"training never started: {proc.communicate()[0]}"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=300)[0]
+    with started([sys.executable, LAB, "--log-json", log, "--log-every", 1, "--no-eval", "--epochs", 1000]) as proc:
+        wait_until(lambda: log.exists() and '"train"' in log.read_text(), proc, what="the first step")
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out
     step = read_log(log)[-1]["step"]
     assert f"stopped after step {step} by SIGTERM (time limit, scancel or preemption); nothing was saved " \
@@ -173,29 +199,28 @@ def test_a_dead_peer_without_restarts_ends_every_other_rank_quickly(tmp_path, fa
     """Two srun-style tasks; one is killed mid-training; the other exits non-zero with one line, long
     before its collective timeout (600 s here) could have ended it: under half of it, so not by it."""
     port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_STEP_ID": "0",
-               "SLURM_JOB_ID": "31", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0",
-               "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(LAB), "--timeout", "600", "--log-json", str(tmp_path / "l")],
-                                      cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    while not (tmp_path / "l").exists() or "train" not in (tmp_path / "l").read_text():  # 3 epochs: no clock
-        assert all(p.poll() is None for p in procs), f"training never started: {procs[0].communicate()[0]}"
-        time.sleep(0.2)
-    procs[1].kill()
-    start = time.perf_counter()
-    out = procs[0].communicate(timeout=400)[0]
-    assert procs[0].returncode != 0 and time.perf_counter() - start < 300
+    task = lambda rank: {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_STEP_ID": "0",  # noqa: E731
+                         "SLURM_JOB_ID": "31", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0",
+                         "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(port)}
+    cmd = [sys.executable, LAB, "--timeout", 600, "--log-json", tmp_path / "l"]
+    with started(cmd, env=task(0)) as rank0, started(cmd, env=task(1)) as rank1:
+        wait_until(lambda: (tmp_path / "l").exists() and "train" in (tmp_path / "l").read_text(), rank0, rank1,
+                   what="the first step")  # 3 epochs: it cannot end first
+        rank1.kill()
+        start = time.perf_counter()
+        out = rank0.communicate(timeout=400)[0]
+    assert rank0.returncode != 0 and time.perf_counter() - start < 300
     assert "lost another rank in the middle of" in out and "Traceback" not in out, out
 
 
 def test_time_budget_stops(fashion_root):
-    """--time-budget 2 ends 3 epochs (1,407 steps) early, whatever the machine's load: not a clock on the run."""
-    result, log = lab(1, "--time-budget", "2")
+    """--time-budget 2 ends 3 epochs (1,407 steps) early, at the first step past the budget, whatever the
+    machine's load: the step before it was still inside the budget (the records' own clock, not the test's)."""
+    result, log = lab(1, "--time-budget", "2", "--log-every", "1")
     assert result.returncode == 0, result.stdout
-    done = log[-1]
+    done, steps = log[-1], [r for r in log if r["event"] == "train"]
     assert done["stop"] == "time_budget" and done["step"] < 3 * 469 and done["elapsed_s"] >= 2, done
+    assert steps[-1]["step"] == done["step"] and steps[-2]["elapsed_s"] < 2, steps[-2:]
 
 
 # ---- bad input: one clear line, non-zero exit, within seconds, no traceback per rank ------
@@ -242,7 +267,7 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path, fashion_root):
 def test_no_data_offline(tmp_path):
     env = {**OFFLINE, "DPCOURSE_DATA": str(tmp_path / "empty"), "DPCOURSE_SYSTEM_DATA": "/nonexistent"}
     start = time.perf_counter()
-    result, _ = lab(2, timeout=90, env=env)
+    result, _ = lab(2, timeout=2 * AT_ONCE_S, env=env)
     assert time.perf_counter() - start < AT_ONCE_S
     assert_one_message(result, "sudo apt-get install dataset-fashion-mnist")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, lab_cmd, run
+from conftest import ROOT, lab_cmd, ranks_part, run
 from dpcourse import CourseError, images, localslurm
 from dpcourse.metrics import read_log
 
@@ -102,14 +102,14 @@ def test_a_missing_or_empty_data_root_is_one_clear_message(tmp_path):
         args = ["--data-root", str(root)] if root else []
         result, _ = lab(2, *SMALL, *args, timeout=120)
         assert result.returncode != 0
-        ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]  # before torchrun's own report
+        ranks = ranks_part(result.stdout)  # before torchrun's own report
         assert "make-imagefolder data/imagenet-mini" in ranks and "Traceback" not in ranks, result.stdout
         assert result.stdout.count("make-imagefolder data/imagenet-mini") == 1, "more than one rank said it"
 
 
 def test_a_misspelt_architecture_is_one_line(tree):
     result, _ = lab(2, *SMALL, "--data-root", tree["folders"], "--arch", "resnet-50", timeout=120)
-    ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]
+    ranks = ranks_part(result.stdout)
     assert result.returncode != 0 and "Traceback" not in ranks, result.stdout
     assert ranks.count("--arch resnet-50: torchvision has no such model") == 1, result.stdout
 
@@ -118,7 +118,7 @@ def test_an_unfinished_exercise_of_the_learners_lab_is_one_line(tree):
     """labs/imagenet_ddp.py as `make student` writes it: every rank meets the stub; rank 0 says where, once."""
     result, _ = lab(2, *SMALL, "--data-root", tree["folders"], timeout=120, script=ROOT / "labs" / "imagenet_ddp.py")
     assert result.returncode != 0
-    ranks = re.split(r"^[WE]1\d{3} ", result.stdout, flags=re.M)[0]
+    ranks = ranks_part(result.stdout)
     assert "Traceback" not in ranks and ranks.count("This exercise of the lab is not done yet") == 1, result.stdout
     assert re.search(r'File "[^"]*imagenet_ddp.py", line \d+, in param_groups: Exercise: see the hint above', ranks)
 

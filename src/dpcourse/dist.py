@@ -406,10 +406,11 @@ _SAID_WAIT_S = 30.0
 
 def _rank0_said_it() -> bool:
     """A rank other than 0 at an unfinished exercise: wait until rank 0 has said it (it meets the same stub,
-    but on a loaded machine it can come there seconds later). True once it has, or once rank 0 is gone (its
-    store with it: it said it, or its own error); False if it has not within _SAID_WAIT_S (rank 0 busy
-    elsewhere, e.g. in a collective this rank will never join): then this rank says it. A launcher that ends
-    the job when rank 0 fails ends this rank first. Without a process group: 3 s, then this rank says it."""
+    but on a loaded machine it can come there seconds later). True once it has, or once the store has gone
+    with rank 0 (srun, mpirun, by hand: rank 0 serves it; under torchrun the agent does, and ends this rank
+    when rank 0 fails); False if rank 0 has not said it within _SAID_WAIT_S (busy elsewhere, in a collective
+    this rank will never join, say): then this rank says it. Without a process group: 3 s, then this rank
+    says it."""
     store = dist.distributed_c10d._get_default_store() if dist.is_available() and dist.is_initialized() else None
     if store is None:
         time.sleep(3.0)
@@ -417,7 +418,7 @@ def _rank0_said_it() -> bool:
     try:
         store.wait([_SAID], timedelta(seconds=_SAID_WAIT_S))
         return True
-    except dist.DistNetworkError:  # rank 0's process, which serves the store, has ended
+    except (dist.DistNetworkError, KeyboardInterrupt):  # the store has gone with rank 0; or Ctrl-C: quietly
         return True
     except RuntimeError:  # DistStoreError: the wait's timeout
         return False
@@ -451,8 +452,8 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
         print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
               "not done yet: complete it (its notebook's check says when it is right), or run the "
               "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
-        if env_info().rank == 0:
-            _tell_the_others()
+        if env_info().rank == 0:  # once torch's hook around this one has written the line (atexit runs after it)
+            atexit.register(_tell_the_others)
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):

@@ -222,10 +222,15 @@ class Cluster:
         (a cancelled JupyterLab, a sleeper). Raises SlurmTimeout, naming what is left."""
         self.cancel_all()
         deadline = time.monotonic() + timeout
+        queue, states = "?", {}
         while True:
-            queue = self.run(["squeue", "--noheader", "--format=%i %j %T"], timeout=10).stdout.strip()
-            states = self.node_states()
-            if not queue and all(states.get(n) == "idle" for n in NODES):
+            try:
+                queue = self.run(["squeue", "--noheader", "--format=%i %j %T"], timeout=10).stdout.strip()
+                states = self.node_states()
+            except subprocess.TimeoutExpired:  # a busy slurmctld: ask again
+                queue, states = "?", {}
+            # "idle*": a node whose last ping went unanswered on a loaded machine is still idle
+            if not queue and all(states.get(n, "").rstrip("*~#!%$@^-") == "idle" for n in NODES):
                 return
             if time.monotonic() > deadline:
                 raise SlurmTimeout(f"the test cluster did not settle within {timeout:g} s: queue {queue or 'empty'}, "
