@@ -53,22 +53,28 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
                             text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # SIGTERM first: torchrun's agent then ends its workers (own sessions)
-        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        proc.wait()
+    except subprocess.TimeoutExpired:
+        end_session(proc)
         raise
     finally:
         proc.stdout.close()
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
+
+
+def end_session(proc: subprocess.Popen) -> None:
+    """End a process started with start_new_session=True and what it started: SIGTERM to its session
+    first (torchrun's agent then ends its workers, each in a session of its own), SIGKILL after 15 s."""
+    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
 
 
 # The launchers' own log lines (torchrun's agent, c10d): "W1126 07:12:03.527000 ..." (level, month, day, time).

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import AT_ONCE_S, LAUNCHER_LOG, OFFLINE, ROOT, lab_cmd, run, torchrun_cmd
+from conftest import AT_ONCE_S, LAUNCHER_LOG, OFFLINE, ROOT, end_session, lab_cmd, run, torchrun_cmd
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.dist import free_port
 from dpcourse.metrics import read_log
@@ -111,18 +111,8 @@ def started(cmd, env=None):
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
     try:
         yield proc
-    finally:  # SIGTERM first: torchrun's agent then ends its workers (each in a session of its own)
-        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        proc.wait()
+    finally:
+        end_session(proc)
         proc.stdout.close()
 
 
