@@ -4,7 +4,8 @@
 #   make lab       JupyterLab on your notebooks (notebooks/00_setup.ipynb first)
 #   make student   regenerate notebooks/ and labs/ from solutions/ (instructors)
 #   make check     run your notebooks and report which exercises pass; make check NB=01: notebook 01 only
-#   make slurm-demo  a two-node Slurm on this machine (as root), one multi-node job, then a clean stop
+#   make slurm-demo  a two-node Slurm on this machine (as root), one multi-node job, then a clean stop;
+#                  make slurm-demo KEEP=1: no job, the cluster stays up for your own sbatch until Ctrl-C
 #   make horovod   build Horovod into .venv (notebook 11; a few minutes; not part of make course)
 #   make gpu-check on a GPU node: NCCL bandwidth, the labs' speed and memory, one table (build/gpu-check.json)
 #
@@ -71,7 +72,7 @@ check: setup
 # A real two-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), one job of
 # slurm/multi_node.sbatch across both nodes, then a clean stop: how to try the templates on a laptop.
 slurm-demo: data
-	$(BIN)/python -m dpcourse.slurm demo
+	$(BIN)/python -m dpcourse.slurm demo$(if $(KEEP), --keep)
 
 # Horovod 0.28.1 from source, for the torch in .venv: gloo always, MPI where mpicxx is found
 # (Debian: apt-get install libopenmpi-dev), NCCL with HOROVOD_GPU_OPERATIONS=NCCL on GPU nodes.

@@ -204,3 +204,50 @@ def test_a_gpu_job_whose_processes_see_no_gpu_ends_with_one_line(slurm):
     auto = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO)
     assert auto.returncode == 0, auto.stdout
     assert auto.stdout.count("this job holds GPUs here") == 1 and "training on the CPU" in auto.stdout, auto.stdout
+
+
+def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(slurm, tmp_path):
+    """`make slurm-demo KEEP=1` (demo --keep): the cluster stays up and prints the commands to type in another
+    shell. Each one, as printed (but tail -f), works against it: sinfo, srun on both nodes, the shrunk
+    multi_node.sbatch, squeue --me. Ctrl-C then stops it and leaves nothing behind."""
+    from conftest import ROOT, end_session
+    from dpcourse.localslurm import clean_env
+
+    said = tmp_path / "demo.out"
+    with open(said, "w") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "dpcourse.slurm", "demo", "--keep"], cwd=ROOT, env=clean_env(),
+                                stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = None
+    try:
+        deadline = time.monotonic() + 300  # a cap that ends only a hang: the cluster is up in seconds
+        while "tail -f" not in said.read_text():
+            assert demo.poll() is None and time.monotonic() < deadline, said.read_text()
+            time.sleep(0.2)
+        text = said.read_text()
+        block = text[text.index("In another shell"):].split("\n\n")[1]
+        commands = [line.strip() for line in block.splitlines() if not line.strip().startswith("tail -f")]
+        assert commands[0].startswith("export SLURM_CONF=") and len(commands) == 5, text
+        typed = subprocess.run(["bash", "-euc", "\n".join(commands)], cwd=ROOT, env=clean_env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        assert typed.returncode == 0, typed.stdout
+        job = int(re.search(r"Submitted batch job (\d+)", typed.stdout).group(1))
+        lines = typed.stdout.splitlines()
+        assert sorted(n for n in lines if n in ("n1", "n2")) == ["n1", "n2"], typed.stdout  # srun -N2: a task on each
+        assert any(re.match(rf" +{job} ", line) for line in lines), typed.stdout  # squeue --me lists the job
+        conf = {"SLURM_CONF": commands[0].split("=", 1)[1]}
+        while subprocess.run(["squeue", "--noheader", f"--jobs={job}"], env=clean_env(**conf), text=True,
+                             capture_output=True).stdout.strip():  # the job runs: wait for its end
+            assert demo.poll() is None and time.monotonic() < deadline, said.read_text()
+            time.sleep(1)
+        log = (ROOT / f"dpcourse-nodes-{job}.out").read_text()  # the name tail -f is given
+        assert "[rank0]:step 20: test accuracy" in log, log
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(60) == 0, said.read_text()
+        assert said.read_text().rstrip().endswith("cluster stopped")
+        assert not os.path.exists(os.path.dirname(conf["SLURM_CONF"])), "the cluster's folder is left behind"
+    finally:
+        if demo.poll() is None:
+            end_session(demo)
+        if job is not None:
+            (ROOT / f"dpcourse-nodes-{job}.out").unlink(missing_ok=True)
+            subprocess.run(["rm", "-rf", str(ROOT / "runs" / f"dpcourse-nodes-{job}")])

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]  # the course checkout (src/dpcourse/ is two below)
 NODES = ("n1", "n2")
+CPUS = 2  # per node
 GPUS = 2  # per node, pretend: Slurm hands them out, torch finds none behind them
 # The templates ask for a real node's worth (4 GPUs, 32 CPUs); these sbatch options shrink a job
 # to this cluster's nodes, as a learner's own options would.
@@ -87,8 +88,11 @@ def _resolve_nodes() -> None:
     """n1 and n2 must name this machine (slurmd looks itself up, jobs use MASTER_ADDR=n1)."""
     if all(map(_loopback, NODES)):
         return
+    line = f"127.0.0.1 {' '.join(NODES)}  # dpcourse test Slurm cluster"
+    print(f"{' and '.join(NODES)} must name this machine: adding to /etc/hosts (it stays; delete it when you no "
+          f"longer need the local cluster):  {line}", file=sys.stderr, flush=True)
     with open("/etc/hosts", "a") as hosts:
-        hosts.write(f"127.0.0.1 {' '.join(NODES)}  # dpcourse test Slurm cluster\n")
+        hosts.write(line + "\n")
     if not all(map(_loopback, NODES)):
         raise RuntimeError(f"{', '.join(NODES)} do not resolve to 127.0.0.1 even after adding them "
                            "to /etc/hosts: check /etc/nsswitch.conf")
@@ -106,6 +110,8 @@ class SlurmTimeout(TimeoutError):
 
 class Cluster:
     """The course's own two-node cluster, started by ``start()``: everything on it is ours."""
+
+    poll_s = 0.5  # between two squeue/scontrol calls that wait for a job: this cluster is ours alone
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -172,7 +178,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise SlurmTimeout(f"job(s) {', '.join(ours)} still in the queue {timeout:.0f} s after scancel: "
                                    "look with  squeue --me")
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
         return ours
 
     def srun(self, *args: str, timeout: float = 120, env: dict | None = None):
@@ -204,7 +210,7 @@ class Cluster:
                 return state.group(1), code.group(1) if code else "?"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} has not ended after {timeout:.0f} s: {shown.strip()}")
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
 
     def output(self, job_id: int) -> str:
         """A batch job's output file ('' if it has none yet)."""
@@ -249,7 +255,7 @@ class Cluster:
 
 def _write_config(tmp: Path, ctld_port: int, node_ports: list[int]) -> None:
     host = socket.gethostname().split(".")[0]  # slurmctld only starts on the host SlurmctldHost names
-    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 Gres=gpu:{GPUS} State=UNKNOWN"
+    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS} Gres=gpu:{GPUS} State=UNKNOWN"
                       for n, p in zip(NODES, node_ports))
     # Pretend GPUs: slurmd wants a character device per GPU. These are /dev/null's (1, 3): nothing
     # uses them, and they point at no real GPU even on a machine that has some. Given devices, Slurm
@@ -363,6 +369,32 @@ def start(timeout: float = 30):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _keep_up(cluster: Cluster) -> int:
+    """Say how to reach the cluster from another shell, then wait for Ctrl-C or SIGTERM."""
+    shrink = f"{' '.join(FIT)} slurm/multi_node.sbatch --max-steps 20 --eval-every 10 {' '.join(ON_THE_CPU)}"
+    print(f"""
+The cluster stays up until you press Ctrl-C here. In another shell, in {ROOT} (as root):
+
+    export SLURM_CONF={cluster.conf}
+    sinfo
+    srun -N2 printenv SLURMD_NODENAME
+    sbatch {shrink}
+    squeue --me
+    tail -f dpcourse-nodes-<job id>.out
+
+Its nodes (n1, n2) have {CPUS} CPUs and {GPUS} pretend GPUs each, and the templates ask for a real node's:
+shrink a job to them with {' '.join(FIT)}, and end the lab's options with {' '.join(ON_THE_CPU)}
+(torch finds no GPU behind the pretend ones). Jobs write their logs (%x-%j.out) and runs/ in this folder.""",
+          flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        print("\nstopping the cluster (its jobs are cancelled)", flush=True)
+    return 0
+
+
 def _all_idle(cluster: Cluster, procs: list) -> bool:
     if dead := [p.args[0] for p in procs if p.poll() is not None]:
         raise RuntimeError(f"{', '.join(dead)} exited during start-up\n{cluster.logs()}")
@@ -383,6 +415,10 @@ class Existing(Cluster):
     """The Slurm this machine already submits to (a login node). Job logs go to ``out``, which
     must be on a filesystem the compute nodes see; your SBATCH_ACCOUNT, SBATCH_PARTITION and
     SBATCH_RESERVATION are kept."""
+
+    # Every squeue and scontrol is a request to the one controller that all users and all their jobs
+    # share: on a real cluster, wait 10 s between two of them.
+    poll_s = 10.0
 
     def __init__(self, out: Path):
         super().__init__(out)
@@ -432,10 +468,12 @@ def start_background(timeout: float = 30) -> tuple[Cluster, callable]:
     return cluster, stack.close
 
 
-def demo(lab_args=(), save: Path | None = None) -> int:
+def demo(lab_args=(), save: Path | None = None, keep: bool = False) -> int:
     """`make slurm-demo`: the two-node cluster, one job of slurm/multi_node.sbatch across both
     nodes (2 pretend GPUs each: 4 processes on this machine's CPUs), its log, then a clean stop.
-    ``save``: a folder for the job's output (job.out), rank 0's log.jsonl and the command."""
+    ``save``: a folder for the job's output (job.out), rank 0's log.jsonl and the command.
+    ``keep`` (`make slurm-demo KEEP=1`): no job; the cluster stays up, for your own sbatch, squeue,
+    srun and tail -f in another shell, until Ctrl-C (or SIGTERM) here."""
     if why := unavailable():
         print(f"The local Slurm cluster cannot start here: {why}.")
         return 1
@@ -445,19 +483,25 @@ def demo(lab_args=(), save: Path | None = None) -> int:
     with start() as cluster:
         print(f"two-node Slurm up in {time.monotonic() - t0:.1f} s (config in {cluster.tmp}):")
         print(cluster.run(["sinfo", "--Node", "--format=%N %T %c %G"]).stdout.rstrip())
-        print(f"$ sbatch --wait {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}", flush=True)
-        t1 = time.monotonic()
-        runs = cluster.tmp / "runs"
-        job = cluster.sbatch(template, *FIT, args=args, timeout=600, env={"RUNS": str(runs)})
-        print(job.output.rstrip())
-        print(f"job {job.job_id}: exit status {job.returncode}, {time.monotonic() - t1:.1f} s")
-        if save is not None and job.returncode == 0:
-            save = Path(save)
-            save.mkdir(parents=True, exist_ok=True)
-            (save / "job.out").write_text(job.output.replace(str(cluster.tmp), "$TMP"))
-            shutil.copy(runs / "log.jsonl", save / "log.jsonl")
-            (save / "command.txt").write_text(f"sbatch {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}\n"
-                                              "(made by: sudo .venv/bin/python -m dpcourse.slurm demo --save DIR)\n")
-            print(f"saved the job's output and rank 0's log in {save}")
+        status = _keep_up(cluster) if keep else _demo_job(cluster, template, args, save)
     print("cluster stopped")
+    return status
+
+
+def _demo_job(cluster: Cluster, template: Path, args: list, save: Path | None) -> int:
+    """The demo's job: submitted, waited for, its log printed (and saved)."""
+    print(f"$ sbatch --wait {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}", flush=True)
+    t1 = time.monotonic()
+    runs = cluster.tmp / "runs"
+    job = cluster.sbatch(template, *FIT, args=args, timeout=600, env={"RUNS": str(runs)})
+    print(job.output.rstrip())
+    print(f"job {job.job_id}: exit status {job.returncode}, {time.monotonic() - t1:.1f} s")
+    if save is not None and job.returncode == 0:
+        save = Path(save)
+        save.mkdir(parents=True, exist_ok=True)
+        (save / "job.out").write_text(job.output.replace(str(cluster.tmp), "$TMP"))
+        shutil.copy(runs / "log.jsonl", save / "log.jsonl")
+        (save / "command.txt").write_text(f"sbatch {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}\n"
+                                          "(made by: sudo .venv/bin/python -m dpcourse.slurm demo --save DIR)\n")
+        print(f"saved the job's output and rank 0's log in {save}")
     return job.returncode

@@ -4,6 +4,7 @@
     .venv/bin/python -m dpcourse.slurm dry-run slurm/multi_node.sbatch --nodes 4   # sbatch options
     .venv/bin/python -m dpcourse.slurm dry-run slurm/cpu.sbatch -- --epochs 1      # lab options after --
     sudo .venv/bin/python -m dpcourse.slurm demo     # a two-node Slurm on this machine, one real job
+    sudo .venv/bin/python -m dpcourse.slurm demo --keep   # ... that stays up for your own sbatch, until Ctrl-C
 
 ``dry-run`` reads the template's ``#SBATCH`` lines (and the sbatch options you give, which win,
 as they do for sbatch), sets the variables Slurm would set in such a job (SLURM_NNODES,
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("template")
     demo = sub.add_parser("demo", help="start a two-node Slurm on this machine (root), run slurm/multi_node.sbatch, stop it")
     demo.add_argument("--save", default=None, metavar="DIR", help="keep the job's output and rank 0's log here")
+    demo.add_argument("--keep", action="store_true",
+                      help="run no job: keep the cluster up for your own sbatch, squeue and srun until Ctrl-C")
     args, sbatch_options = p.parse_known_args(argv)
     if args.command == "dry-run":
         result = dry_run(args.template, sbatch_options, lab_args)
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown options: {' '.join(sbatch_options)}")
     from . import localslurm
 
-    return localslurm.demo(lab_args, args.save)
+    return localslurm.demo(lab_args, args.save, args.keep)
 
 
 if __name__ == "__main__":
