@@ -177,3 +177,26 @@ def test_under_srun_on_two_nodes_without_master_addr(slurm):
     done = slurm.srun("-N2", "-n2", slurm.python, "-m", "dpcourse.doctor")
     assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S, done.stdout
     assert "scontrol show hostnames" in done.stdout and done.stdout.count("dpcourse doctor on ") == 1
+
+
+@pytest.mark.slow
+def test_the_instructor_guides_doctor_job_runs_as_printed(slurm, fashion_root):
+    """docs/instructor.md's week-before step 5, as printed: `sbatch slurm/doctor.sbatch` (shrunk to the test
+    cluster's nodes, on their CPUs), and the log it names ends with `all ok` from rank 0 alone."""
+    guide = (ROOT / "docs" / "instructor.md").read_text()
+    step = re.search(r"^5\. \*\*The doctor.*?(?=^6\. )", guide, re.M | re.S).group(0)
+    command, log_name = re.findall(r"`([^`]+)`", step)[:2]
+    assert command == "sbatch slurm/doctor.sbatch" and log_name == "cat dpcourse-doctor-<job id>.out", step
+    shrink = ["--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]  # 2 nodes × 2 CPUs, no GPU here
+    sbatch, *rest = command.split()
+    done = slurm.run([sbatch, "--wait", *shrink, *rest], timeout=240, env={"DATA": str(fashion_root)})
+    job = re.search(r"Submitted batch job (\d+)", done.stdout).group(1)
+    log = ROOT / log_name.removeprefix("cat ").replace("<job id>", job)
+    try:
+        said = log.read_text()
+        assert done.returncode == 0, said
+        assert said.count("dpcourse doctor on n1: Python") == 1 and said.rstrip().endswith("\nall ok"), said
+        assert len(re.findall(r"^ok +rank \d: local rank \d of 2 on n[12]", said, re.M)) == 4, said
+    finally:
+        log.unlink(missing_ok=True)
+        shutil.rmtree(ROOT / "runs" / f"dpcourse-doctor-{job}", ignore_errors=True)
