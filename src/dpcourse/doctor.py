@@ -2,7 +2,8 @@
 
     python -m dpcourse.doctor                         # this machine; starts 2 processes for an all_reduce
     python -m dpcourse.doctor --backend nccl          # as a GPU lab would run
-    srun -N2 -n4 python -m dpcourse.doctor            # every rank of a job takes part; rank 0 reports
+    sbatch slurm/doctor.sbatch                        # every rank of a job takes part; rank 0 reports
+    srun -N1 -n2 python -m dpcourse.doctor            # in an allocation (several nodes: export MASTER_ADDR)
     torchrun --standalone --nproc-per-node 2 -m dpcourse.doctor
     mpirun -np 2 python -m dpcourse.doctor
 
