@@ -7,8 +7,9 @@
 # ---- paths --------------------------------------------------------------------------------------
 # The course checkout, on a filesystem that every node sees. Submit from it: `sbatch slurm/x.sbatch`.
 COURSE=${COURSE:-${SLURM_SUBMIT_DIR:-$PWD}}
-# FashionMNIST's shared, verified copy (`make data` stages it in the checkout's data/).       EDIT
-DATA=${DATA:-$COURSE/data}
+# FashionMNIST's shared, verified copy: DATA, else DPCOURSE_DATA (what `make` and the notebooks
+# read), else the checkout's data/ (where `make data` stages it).                               EDIT
+DATA=${DATA:-${DPCOURSE_DATA:-$COURSE/data}}
 # Node-local disk for one copy of the data per node: $TMPDIR on many clusters.                EDIT
 LOCAL_DATA=${LOCAL_DATA:-${TMPDIR:-/tmp}/dpcourse-$SLURM_JOB_ID}
 # Checkpoints and the JSON log: shared, so that a requeued job finds them.
@@ -17,15 +18,23 @@ RUNS=${RUNS:-$COURSE/runs/$SLURM_JOB_NAME-$SLURM_JOB_ID}
 LAB=${LAB:-solutions/labs/fashion_ddp.py}
 # The course's container (container/README.md): the path of dpcourse.sif. Empty: $COURSE/.venv.
 CONTAINER=${CONTAINER:-}
+# Inside the container a job sees the folders above; BIND adds others, comma-separated (a dataset on
+# a shared file system: imagenet.sbatch adds IMAGENET).
+BIND=${BIND:-}
 mkdir -p "$RUNS"
 cd "$COURSE" || exit 1
 
 # ---- the Python environment ------------------------------------------------------------------
+# The site's modules, if the job needs any: those the .venv was built with (its Python; the MPI that
+# Horovod was built with), or the container engine. `module purge` first, so that nothing the login
+# shell had loaded leaks into the job.                                                           EDIT
+# module purge
+# module load …
 # PY and TORCHRUN are commands (arrays), so that srun can start them on every node.
 if [[ -n $CONTAINER ]]; then
     # --nv: the node's GPU driver and devices inside the container (a warning on CPU-only nodes);
     # --bind: the folders the job reads and writes, at the same paths inside.
-    IN_CONTAINER=(apptainer exec --nv --bind "$COURSE,$DATA,$RUNS,${LOCAL_DATA%/*}" "$CONTAINER")
+    IN_CONTAINER=(apptainer exec --nv --bind "$COURSE,$DATA,$RUNS,${LOCAL_DATA%/*}${BIND:+,$BIND}" "$CONTAINER")
     PY=("${IN_CONTAINER[@]}" python)
     TORCHRUN=("${IN_CONTAINER[@]}" torchrun)
 else
@@ -37,19 +46,72 @@ fi
 # Threads per process for PyTorch's CPU work: torchrun's own default (1), set here so that no
 # torchrun warns about it. The templates that know their processes per node set their own.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: pass it on explicitly.
+# srun inherits sbatch's --cpus-per-task (it reads SLURM_CPUS_PER_TASK) before Slurm 22.05 and again
+# since 23.11. 22.05 to 23.02 read SRUN_CPUS_PER_TASK instead, exported here; 23.11 and later ignore it.
+# Slurm's release notes: https://github.com/SchedMD/slurm/blob/slurm-22-05-0-1/RELEASE_NOTES and
+# https://github.com/SchedMD/slurm/blob/slurm-23-11-0-1/RELEASE_NOTES
 export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# CPU binding, where the site runs Slurm's task/affinity plugin: srun binds each task to CPUs of its
+# own (`srun --cpu-bind=verbose` prints the masks), and a process inherits its parent's binding, so a
+# torchrun's workers share its CPUs. On nodes with SMT a "CPU" is a hardware thread:
+# `sbatch --hint=nomultithread` gives each task one thread per core (not together with --cpu-bind or
+# --threads-per-core). https://slurm.schedmd.com/srun.html
 # The rendezvous: the job's first node hosts it, on a port derived from the job id, so that two jobs
 # sharing a node seldom pick the same one (a requeued job keeps its id, and its port). Job ids 10,000
 # apart do: the later job's rank 0 then ends with "Port … is already in use" and how to pick another.
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
 export MASTER_ADDR MASTER_PORT
-# NCCL (GPU jobs). NCCL_DEBUG=INFO makes every rank print the network NCCL chose (InfiniBand,
-# sockets); NCCL_SOCKET_IFNAME names the interface when NCCL picks the wrong one (ask your
-# admins which: ib0, eth0, ...). Both are plain environment variables:
-# export NCCL_DEBUG=INFO
-# export NCCL_SOCKET_IFNAME=ib0
+
+# ---- the network: NCCL (GPU jobs) and gloo (CPU jobs) ---------------------------------------------
+# NCCL finds InfiniBand by itself, through verbs; NCCL_IB_HCA picks the adapters (mlx5_0,mlx5_1).
+# NCCL_SOCKET_IFNAME names the IP interface for NCCL's bootstrap and its socket transport, and
+# GLOO_SOCKET_IFNAME gloo's: set them when the automatic choice is wrong (ib0, eth0: ask your admins;
+# `python -m dpcourse.doctor` lists the node's interfaces). NCCL_DEBUG=WARN prints NCCL's warnings and
+# errors; for a diagnosis, INFO with NCCL_DEBUG_SUBSYS=INIT,NET says which network each rank chose
+# (NET/IB or NET/Socket) and over which interface. https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html,
+# https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/setup.html (bootstrap),
+# https://docs.pytorch.org/docs/stable/distributed.html#choosing-the-network-interface-to-use (gloo)
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
+# export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
+# export NCCL_IB_HCA=mlx5_0,mlx5_1
+
+# ---- sites: uncomment the lines of yours; each paragraph is from the site's own material ------------
+# JSC (JUWELS, JURECA): the first node's name with an `i` appended, "to allow communication over
+# InfiniBand cells"; torchrun_jsc (`pip install torchrun_jsc` into the .venv) is JSC's drop-in
+# torchrun, which fixes how torchrun picks the node that hosts the rendezvous on these systems.
+# https://github.com/HelmholtzAI-FZJ/2025-12-course-Bringing-Deep-Learning-Workloads-to-JSC-supercomputers,
+# https://github.com/HelmholtzAI-FZJ/torchrun_jsc. ib0 for NCCL and gloo is from interTwin's JUWELS set-up, not JSC's:
+# https://github.com/interTwin-eu/itwinai/blob/main/src/itwinai/slurm/system-base-scripts/juwels_pre_exec.sh
+# MASTER_ADDR=${MASTER_ADDR}i
+# export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
+# TORCHRUN=("$COURSE/.venv/bin/torchrun_jsc")
+#
+# LUMI (LUMI-G): 4 AMD MI250X per node, each two GCDs, and Slurm counts each GCD as a GPU:
+# --gpus-per-node=8. PyTorch must be a ROCm build, e.g. LUMI's AI containers in /appl/local/laifs/containers/
+# (the course's container is NVIDIA's); their bindings module gives a container the Slingshot network.
+# RCCL uses Slingshot 11 only through the aws-ofi-rccl plugin: with NCCL_DEBUG=INFO the log says
+# "NET/OFI Using aws-ofi-rccl". https://docs.lumi-supercomputer.eu/hardware/lumig/,
+# https://docs.lumi-supercomputer.eu/software/packages/pytorch/, https://github.com/Lumi-supercomputer/LUMI-AI-Guide
+# module use /appl/local/laifs/modules; module load lumi-aif-singularity-bindings
+# export NCCL_SOCKET_IFNAME=hsn
+#
+# Slingshot (NERSC's Perlmutter, CSCS's Alps): NCCL uses Slingshot only through the aws-ofi-nccl plugin
+# (libfabric), else falls back to TCP, much slower. The sites' container engines put it in: on Alps,
+# an EDF file with `com.hooks.aws_ofi_nccl.enabled = "true"` (`srun --environment=…`); on Perlmutter,
+# `podman-hpc run --gpu --nccl` (which also sets NCCL_SOCKET_IFNAME=hsn), or Shifter's NCCL module
+# (`#SBATCH --module=gpu,nccl-2.18` in NERSC's tutorial). With a uenv instead of a container, CSCS asks
+# for NCCL_NET="AWS Libfabric", so that a missing plugin stops the job instead of falling back.
+# https://docs.cscs.ch/software/communication/nccl/, https://docs.cscs.ch/software/container-engine/resource-hook/,
+# https://github.com/NERSC/podman-hpc/blob/main/etc/modules.d/nccl.yaml, https://github.com/NERSC/sc23-dl-tutorial
+# export NCCL_NET="AWS Libfabric"
+#
+# A university cluster (Princeton's Della, as its research computing's DDP guide has it): memory per
+# node (#SBATCH --mem=32G; the default is 4 GB per CPU core), GPUs as --gres=gpu:N, Python from a
+# module, MASTER_ADDR the job's first node as here: nothing else site-specific.
+# https://github.com/PrincetonUniversity/multi_gpu_training/tree/main/02_pytorch_ddp
+# module purge; module load anaconda3/2023.9
 
 # ---- what every training job passes to the lab -----------------------------------------------
 # The node-local data; rank 0's checkpoints and JSON log in RUNS; --resume auto: a requeued job
@@ -163,5 +225,8 @@ stage_data() {
         "${PY[@]}" -m dpcourse.data fetch --from "$DATA" --data-root "$LOCAL_DATA"
 }
 
-echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_ADDR:$MASTER_PORT, runs in $RUNS," \
-     "${CONTAINER:+container $CONTAINER,}lab $LAB"
+# A training job's first line. jupyter.sbatch trains nothing: it sets TRAINS=0 before sourcing this file.
+if [[ ${TRAINS:-1} != 0 ]]; then
+    echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_ADDR:$MASTER_PORT, runs in $RUNS," \
+         "${CONTAINER:+container $CONTAINER,}lab $LAB"
+fi

@@ -62,6 +62,20 @@ def test_dry_run_of_a_template_adds_up(name, world, per_node):
     assert "--kill-on-bad-exit=1" in step.argv and str(step.argv[-1]).endswith("log.jsonl")
 
 
+def test_in_the_container_a_job_sees_every_folder_it_reads(monkeypatch):
+    """CONTAINER set: apptainer binds the course, DATA, RUNS, the node-local folder and, for the ImageNet
+    template, IMAGENET (outside them, Apptainer binds only $HOME, the current folder and /tmp)."""
+    monkeypatch.setenv("CONTAINER", "/shared/course/dpcourse.sif")
+    monkeypatch.setenv("IMAGENET", "/datasets/imagenet-shards")
+    monkeypatch.setenv("DATA", "/datasets/fashion")
+    for name, extra in (("multi_node.sbatch", []), ("imagenet.sbatch", ["/datasets/imagenet-shards"])):
+        train = next(step.argv for step in dry_run(SLURM_DIR / name, [], []).steps if any(a.endswith("_ddp.py") for a in step.argv))
+        assert train[train.index("apptainer"):train.index("apptainer") + 3] == ["apptainer", "exec", "--nv"], train
+        binds = train[train.index("--bind") + 1].split(",")
+        assert {str(ROOT), "/datasets/fashion", *extra} <= set(binds), (name, binds)
+        assert any(b.startswith(str(ROOT / "runs")) for b in binds), (name, binds)
+
+
 def test_dry_run_takes_sbatch_options_and_lab_options():
     result = dry_run(SLURM_DIR / "multi_node.sbatch", ["--nodes=3", "--gpus-per-node=2"], ["--epochs", "1"])
     step = result.training
@@ -195,6 +209,21 @@ def test_a_failed_job_deletes_its_node_local_data_too(slurm, tmp_path):
     job, _, _ = submit(slurm, "cpu.sbatch", tmp_path, args=["--max-steps", "many"])  # the lab stops at its options
     assert job.returncode != 0 and "--max-steps: invalid int value" in job.output, job.output
     assert_local_data_deleted(job, tmp_path)
+
+
+@pytest.mark.slow
+def test_without_data_a_job_stages_from_dpcourse_data(slurm, tmp_path, monkeypatch):
+    """env.sh's DATA, unset, is DPCOURSE_DATA (what make and the notebooks read): a job whose DPCOURSE_DATA
+    holds no FashionMNIST stops at the staging and names that folder. DATA, set, wins over it."""
+    monkeypatch.delenv("DATA", raising=False)  # the jobs get this environment (sbatch --export=ALL)
+    empty = tmp_path / "no-data-here"
+    empty.mkdir()
+    job, _, _ = submit(slurm, "cpu.sbatch", tmp_path, env={"DPCOURSE_DATA": str(empty)})
+    assert job.returncode != 0 and f"--from {empty}: no FashionMNIST/raw/ there" in job.output, job.output
+    assert job.output.startswith(f"job {job.job_id} on "), job.output  # a training job's first line is env.sh's
+    job, _, _ = submit(slurm, "cpu.sbatch", tmp_path, args=["--max-steps", "many"],  # the lab stops at its options
+                       env={"DPCOURSE_DATA": str(empty), "DATA": str(ROOT / "data")})
+    assert "FashionMNIST ready and verified" in job.output and "--max-steps: invalid int value" in job.output, job.output
 
 
 @pytest.mark.slow
@@ -460,7 +489,7 @@ def test_jupyter_on_a_compute_node_keeps_its_token_to_its_owner(slurm, tmp_path)
 @pytest.mark.slow
 def test_jupyter_on_a_taken_port_ends_the_job_with_one_line(slurm, tmp_path):
     """--ServerApp.port_retries=0: JupyterLab does not move to another port than the tunnel names; the job
-    ends, and its last line says why."""
+    ends, and its last line says why. Its first line is JupyterLab's, not a training job's."""
     import socket
 
     with socket.socket() as taken:
@@ -474,6 +503,9 @@ def test_jupyter_on_a_taken_port_ends_the_job_with_one_line(slurm, tmp_path):
     assert re.fullmatch(rf"JupyterLab stopped or could not start on n[12]:{port} \(a port another program took, or an "
                         r"error above\): submit again", last), job.output
     assert f"The port {port} is already in use" in job.output, job.output
+    # It trains nothing: its log opens with JupyterLab's node and port, not env.sh's "rendezvous …, lab …" line.
+    first = next(line for line in job.output.splitlines() if line.strip())
+    assert first.startswith("JupyterLab starts on n") and "rendezvous" not in job.output, job.output
 
 
 def test_without_slurm_notebook_09_falls_back_to_the_committed_job(monkeypatch, tmp_path):

@@ -318,7 +318,7 @@ def dry_run(template: str | os.PathLike, sbatch_options=(), lab_args=(), root: P
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
         env.update(job.environment(root), PATH=f"{tmp / 'bin'}:{env.get('PATH', '')}", DRYRUN_STEPS=str(steps_file),
                    COURSE=str(course))
-        env.setdefault("DATA", str(root / "data"))
+        env.setdefault("DATA", env.get("DPCOURSE_DATA") or str(root / "data"))  # as env.sh falls back
         try:
             done = subprocess.run(["bash", str(template.resolve()), *map(str, lab_args)], cwd=root, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
