@@ -18,6 +18,10 @@ RUNS=${RUNS:-$COURSE/runs/$SLURM_JOB_NAME-$SLURM_JOB_ID}
 LAB=${LAB:-solutions/labs/fashion_ddp.py}
 # The course's container (container/README.md): the path of dpcourse.sif. Empty: $COURSE/.venv.
 CONTAINER=${CONTAINER:-}
+# How a container runs: Apptainer with NVIDIA's GPUs. Where the engine is SingularityCE, or the GPUs AMD's:
+# CONTAINER_ENGINE=singularity, CONTAINER_GPUS=--rocm (export them before sbatch).
+CONTAINER_ENGINE=${CONTAINER_ENGINE:-apptainer}
+CONTAINER_GPUS=${CONTAINER_GPUS:---nv}
 # Inside the container a job sees the folders above; BIND adds others, comma-separated (a dataset on
 # a shared file system: imagenet.sbatch adds IMAGENET).
 BIND=${BIND:-}
@@ -28,13 +32,12 @@ cd "$COURSE" || exit 1
 # The site's modules, if the job needs any: those the .venv was built with (its Python; the MPI that
 # Horovod was built with), or the container engine. `module purge` first, so that nothing the login
 # shell had loaded leaks into the job.                                                           EDIT
-# module purge
-# module load …
+# set +u; module purge; module load …; set -u    # (some sites' module functions fail under set -u)
 # PY and TORCHRUN are commands (arrays), so that srun can start them on every node.
 if [[ -n $CONTAINER ]]; then
     # --nv: the node's GPU driver and devices inside the container (a warning on CPU-only nodes);
     # --bind: the folders the job reads and writes, at the same paths inside.
-    IN_CONTAINER=(apptainer exec --nv --bind "$COURSE,$DATA,$RUNS,${LOCAL_DATA%/*}${BIND:+,$BIND}" "$CONTAINER")
+    IN_CONTAINER=("$CONTAINER_ENGINE" exec "$CONTAINER_GPUS" --bind "$COURSE,$DATA,$RUNS,${LOCAL_DATA%/*}${BIND:+,$BIND}" "$CONTAINER")
     PY=("${IN_CONTAINER[@]}" python)
     TORCHRUN=("${IN_CONTAINER[@]}" torchrun)
 else
@@ -75,7 +78,7 @@ export MASTER_ADDR MASTER_PORT
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
 # export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
-# export NCCL_IB_HCA=mlx5_0,mlx5_1
+# export NCCL_IB_HCA="=mlx5_0,mlx5_1"   # a leading '=': these names exactly (mlx5_1 alone also matches mlx5_10...)
 
 # ---- sites: uncomment the lines of yours; each paragraph is from the site's own material ------------
 # JSC (JUWELS, JURECA): the first node's name with an `i` appended, "to allow communication over
@@ -86,11 +89,13 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # https://github.com/interTwin-eu/itwinai/blob/main/src/itwinai/slurm/system-base-scripts/juwels_pre_exec.sh
 # MASTER_ADDR=${MASTER_ADDR}i
 # export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
-# TORCHRUN=("$COURSE/.venv/bin/torchrun_jsc")
+# TORCHRUN=("$COURSE/.venv/bin/torchrun_jsc")            # with the .venv; in a container with torchrun_jsc
+#                                                         # installed: TORCHRUN=("${IN_CONTAINER[@]}" torchrun_jsc)
 #
 # LUMI (LUMI-G): 4 AMD MI250X per node, each two GCDs, and Slurm counts each GCD as a GPU:
 # --gpus-per-node=8. PyTorch must be a ROCm build, e.g. LUMI's AI containers in /appl/local/laifs/containers/
-# (the course's container is NVIDIA's); their bindings module gives a container the Slingshot network.
+# (the course's container is NVIDIA's; LUMI runs containers with SingularityCE: export CONTAINER_ENGINE=singularity
+# CONTAINER_GPUS=--rocm before sbatch); their bindings module gives a container the Slingshot network.
 # RCCL uses Slingshot 11 only through the aws-ofi-rccl plugin: with NCCL_DEBUG=INFO the log says
 # "NET/OFI Using aws-ofi-rccl". https://docs.lumi-supercomputer.eu/hardware/lumig/,
 # https://docs.lumi-supercomputer.eu/software/packages/pytorch/, https://github.com/Lumi-supercomputer/LUMI-AI-Guide
@@ -101,11 +106,13 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # (libfabric), else falls back to TCP, much slower. The sites' container engines put it in: on Alps,
 # an EDF file with `com.hooks.aws_ofi_nccl.enabled = "true"` (`srun --environment=…`); on Perlmutter,
 # `podman-hpc run --gpu --nccl` (which also sets NCCL_SOCKET_IFNAME=hsn), or Shifter's NCCL module
-# (`#SBATCH --module=gpu,nccl-2.18` in NERSC's tutorial). With a uenv instead of a container, CSCS asks
-# for NCCL_NET="AWS Libfabric", so that a missing plugin stops the job instead of falling back.
+# (`#SBATCH --module=gpu,nccl-2.18` in NERSC's tutorial). CSCS asks for NCCL_NET="AWS Libfabric" always, so
+# that a missing plugin stops the job instead of falling back, and for NCCL_NET_GDR_LEVEL=PHB,
+# FI_CXI_DISABLE_HOST_REGISTER=1 and FI_MR_CACHE_MONITOR=userfaultfd: its Container Engine sets them, a uenv
+# does not. Alps' GPU nodes are Arm (GH200): the course's container is x86-64 only (container/README.md).
 # https://docs.cscs.ch/software/communication/nccl/, https://docs.cscs.ch/software/container-engine/resource-hook/,
 # https://github.com/NERSC/podman-hpc/blob/main/etc/modules.d/nccl.yaml, https://github.com/NERSC/sc23-dl-tutorial
-# export NCCL_NET="AWS Libfabric"
+# export NCCL_NET="AWS Libfabric" NCCL_NET_GDR_LEVEL=PHB FI_CXI_DISABLE_HOST_REGISTER=1 FI_MR_CACHE_MONITOR=userfaultfd
 #
 # A university cluster (Princeton's Della, as its research computing's DDP guide has it): memory per
 # node (#SBATCH --mem=32G; the default is 4 GB per CPU core), GPUs as --gres=gpu:N, Python from a
@@ -127,8 +134,9 @@ LAB_ARGS=(--data-root "$LOCAL_DATA" --checkpoint-dir "$RUNS" --checkpoint-every 
 # finishes its step, the ranks agree to stop after that same step, rank 0 writes the checkpoint, and
 # all exit. The job then requeues itself (`scontrol requeue`, which #SBATCH --requeue allows): the next
 # run goes on from that checkpoint (--resume auto) and appends to the same log (--open-mode=append).
-# Without the warning, the job ends at --time as TIMEOUT and is not requeued: Slurm sends SIGTERM, and
-# srun turns the one it gets into a SIGKILL of its tasks, so count on nothing after the last periodic
+# Without the warning, the job ends at --time as TIMEOUT and is not requeued: Slurm sends each task SIGTERM,
+# then SIGKILL after KillWait (man srun, --time), but srun, which gets a SIGTERM too, passes it on to its tasks
+# as SIGKILL (Slurm's src/srun/signals.c), which may come first: count on nothing after the last periodic
 # checkpoint (--checkpoint-every); submit the job again to go on from there.
 TIME_WARNED=0
 STEP_PID=
@@ -177,7 +185,7 @@ run_training() {
 
 # Requeue only a run that saved after the warning, and at most MAX_REQUEUES times (SLURM_RESTART_COUNT):
 # a job that makes no progress must not spend the account's hours in a loop.
-MAX_REQUEUES=${MAX_REQUEUES:-20}
+MAX_REQUEUES=${MAX_REQUEUES:-3}  # a course's jobs: 3 more runs at most (an account's hours are shared)
 requeue_job() {
     if [[ ! $RUNS/last.pt -nt $RUNS/.warned ]]; then
         echo "$(date +%T) no checkpoint was written after the warning (exit status $1): not requeued"

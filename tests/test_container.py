@@ -245,6 +245,10 @@ def test_runscript_starts_jupyterlab_on_the_port_given_and_keeps_its_token_to_it
     token = re.search(r"token=(\w+)", connect.read_text()).group(1)
     assert len(token) == 32 and token not in launched and f"token in env: {token}" in done.stdout
     assert oct(connect.stat().st_mode & 0o777) == "0o600" and f"cat {connect} (readable by you alone)" in done.stdout
+    # Without --port: a port free here now, not a fixed 8888 that another user of the node may hold.
+    free = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    port = int(re.search(r"--port=(\d+) ", free.stdout).group(1))
+    assert free.returncode == 0 and port != 8888 and f"port {port};" in free.stdout, free.stdout + free.stderr
 
 
 def test_the_horovod_image_builds_on_the_course_image():
