@@ -218,11 +218,13 @@ delete_local_data_at_end() {
         echo "LOCAL_DATA=$LOCAL_DATA is not a node-local folder named for this job (/…-$SLURM_JOB_ID): it is not deleted at the end"
         return 0
     fi
+    # Its messages go to RUNS/cleanup.log, not the job's log: Slurm's "STEP … CANCELLED" as it ends the
+    # step with the job, which is how it ends, or srun's reason if it refuses the step.
     # The step asks for one CPU and no GPUs (22.05's srun adds the job's GPUs to --gres=none from
     # SLURM_GPUS_PER_NODE), and shares them with the training (--overlap).
     { env -u SLURM_GPUS_PER_NODE -u SLURM_GPUS -u SLURM_GPUS_PER_TASK -u SLURM_TRES_PER_TASK \
         srun --overlap --job-name="$CLEANUP_STEP" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task=1 \
-        --gres=none bash "$COURSE/slurm/delete_at_end.sh" "$SLURM_JOB_ID" "$dir"; } &  # refused: srun says why
+        --gres=none bash "$COURSE/slurm/delete_at_end.sh" "$SLURM_JOB_ID" "$dir" >> "$RUNS/cleanup.log" 2>&1; } &
 }
 
 # Copy the shared data to node-local disk, once per node (one task per node), verified; deleted there

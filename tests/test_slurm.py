@@ -209,7 +209,7 @@ def test_a_gpu_job_whose_processes_see_no_gpu_ends_with_one_line(slurm):
 def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(slurm, tmp_path):
     """`make slurm-demo KEEP=1` (demo --keep): the cluster stays up and prints the commands to type in another
     shell. Each one, as printed (but tail -f), works against it: sinfo, srun on both nodes, the shrunk
-    multi_node.sbatch, squeue --me. Ctrl-C then stops it and leaves nothing behind."""
+    multi_node.sbatch, squeue --me, the shrunk doctor. Ctrl-C then stops it and leaves nothing behind."""
     from conftest import ROOT, end_session
     from dpcourse.localslurm import clean_env
 
@@ -217,7 +217,7 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
     with open(said, "w") as out:
         demo = subprocess.Popen([sys.executable, "-m", "dpcourse.slurm", "demo", "--keep"], cwd=ROOT, env=clean_env(),
                                 stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    job = None
+    jobs = []
     try:
         deadline = time.monotonic() + 300  # a cap that ends only a hang: the cluster is up in seconds
         while "tail -f" not in said.read_text():
@@ -226,21 +226,24 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
         text = said.read_text()
         block = text[text.index("In another shell"):].split("\n\n")[1]
         commands = [line.strip() for line in block.splitlines() if not line.strip().startswith("tail -f")]
-        assert commands[0].startswith("export SLURM_CONF=") and len(commands) == 5, text
+        assert commands[0].startswith("export SLURM_CONF=") and len(commands) == 6, text
         typed = subprocess.run(["bash", "-euc", "\n".join(commands)], cwd=ROOT, env=clean_env(), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
         assert typed.returncode == 0, typed.stdout
-        job = int(re.search(r"Submitted batch job (\d+)", typed.stdout).group(1))
+        jobs = [int(j) for j in re.findall(r"Submitted batch job (\d+)", typed.stdout)]
+        job, doctor = jobs
         lines = typed.stdout.splitlines()
         assert sorted(n for n in lines if n in ("n1", "n2")) == ["n1", "n2"], typed.stdout  # srun -N2: a task on each
         assert any(re.match(rf" +{job} ", line) for line in lines), typed.stdout  # squeue --me lists the job
         conf = {"SLURM_CONF": commands[0].split("=", 1)[1]}
-        while subprocess.run(["squeue", "--noheader", f"--jobs={job}"], env=clean_env(**conf), text=True,
-                             capture_output=True).stdout.strip():  # the job runs: wait for its end
+        while subprocess.run(["squeue", "--noheader", f"--jobs={job},{doctor}"], env=clean_env(**conf), text=True,
+                             capture_output=True).stdout.strip():  # the jobs run: wait for their end
             assert demo.poll() is None and time.monotonic() < deadline, said.read_text()
             time.sleep(1)
         log = (ROOT / f"dpcourse-nodes-{job}.out").read_text()  # the name tail -f is given
-        assert "[rank0]:step 20: test accuracy" in log, log
+        assert "[rank0]:step 20: test accuracy" in log and "error" not in log, log  # the clean-up step's are elsewhere
+        said_doctor = (ROOT / f"dpcourse-doctor-{doctor}.out").read_text()
+        assert said_doctor.rstrip().endswith("\nall ok"), said_doctor
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) == 0, said.read_text()
         assert said.read_text().rstrip().endswith("cluster stopped")
@@ -248,6 +251,6 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
     finally:
         if demo.poll() is None:
             end_session(demo)
-        if job is not None:
-            (ROOT / f"dpcourse-nodes-{job}.out").unlink(missing_ok=True)
-            subprocess.run(["rm", "-rf", str(ROOT / "runs" / f"dpcourse-nodes-{job}")])
+        for name, number in zip(("nodes", "doctor"), jobs):
+            (ROOT / f"dpcourse-{name}-{number}.out").unlink(missing_ok=True)
+            subprocess.run(["rm", "-rf", str(ROOT / "runs" / f"dpcourse-{name}-{number}")])

@@ -373,18 +373,20 @@ def _keep_up(cluster: Cluster) -> int:
     """Say how to reach the cluster from another shell, then wait for Ctrl-C or SIGTERM."""
     shrink = f"{' '.join(FIT)} slurm/multi_node.sbatch --max-steps 20 --eval-every 10 {' '.join(ON_THE_CPU)}"
     print(f"""
-The cluster stays up until you press Ctrl-C here. In another shell, in {ROOT} (as root):
+The cluster stays up until you press Ctrl-C here (or: kill {os.getpid()}). In another shell, in {ROOT} (as root):
 
     export SLURM_CONF={cluster.conf}
     sinfo
     srun -N2 printenv SLURMD_NODENAME
     sbatch {shrink}
-    squeue --me
+    squeue --me --format="%.8i %.20j %.10T %.8M %R"
     tail -f dpcourse-nodes-<job id>.out
+    sbatch --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 slurm/doctor.sbatch
 
 Its nodes (n1, n2) have {CPUS} CPUs and {GPUS} pretend GPUs each, and the templates ask for a real node's:
 shrink a job to them with {' '.join(FIT)}, and end the lab's options with {' '.join(ON_THE_CPU)}
-(torch finds no GPU behind the pretend ones). Jobs write their logs (%x-%j.out) and runs/ in this folder.""",
+(torch finds no GPU behind the pretend ones); the doctor, which runs a task per GPU, takes 2 tasks per node and
+no GPUs. Jobs write their logs (%x-%j.out) and runs/ in this folder; there is no accounting (sacct).""",
           flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
     try:
@@ -440,12 +442,18 @@ class Existing(Cluster):
         self.cancel_submitted()
 
 
+_NOTEBOOK_STOP = []  # the stop() of the cluster for_notebook started last in this process (a kernel)
+
+
 def for_notebook(out: Path, timeout: float = 30):
     """(cluster, where, stop) for notebook 09: this machine's two-node Slurm when it can start
     here (root, with slurm-wlm and munge); else the Slurm this machine already submits to (when
     ``sinfo`` answers); else (None, why, a no-op). ``stop()`` stops a cluster started here."""
+    while _NOTEBOOK_STOP:  # Run All again: the kernel's earlier cluster goes first
+        _NOTEBOOK_STOP.pop()()
     if (why := unavailable()) is None:
         cluster, stop = start_background(timeout)
+        _NOTEBOOK_STOP.append(stop)
         return cluster, "the course's two-node Slurm on this machine (nodes n1, n2)", stop
     if shutil.which("sinfo"):
         probe = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, timeout=30)

@@ -269,8 +269,11 @@ def analyse(argv: list[str], job: Job, direct: bool = False) -> Step:
         step.problems.append(f"{step.procs_per_node} processes per node but {job.gpus_per_node} GPU(s): "
                              "one GPU per process (or the rest train on the CPU)")
     if step.procs_per_node and job.gpus_per_node and step.procs_per_node < job.gpus_per_node:
+        one_each = ('torchrun --nproc-per-node="$SLURM_GPUS_ON_NODE"' if step.program == "torchrun"
+                    else "#SBATCH --ntasks-per-node= the GPUs of a node")
         step.problems.append(f"{step.procs_per_node} process(es) per node for {job.gpus_per_node} GPUs: "
-                             f"{job.gpus_per_node - step.procs_per_node} GPU(s) per node sit idle")
+                             f"{job.gpus_per_node - step.procs_per_node} GPU(s) per node sit idle; one process "
+                             f"per GPU: {one_each}")
     return step
 
 
