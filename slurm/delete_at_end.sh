@@ -13,4 +13,9 @@ on_term() {
     exit 0
 }
 trap on_term TERM INT
-while :; do sleep 600 & wait $!; done
+# The sleeps end with this script, and hold none of the step's output open: where Slurm tracks a step's
+# processes by parentage (proctrack/linuxproc, pgid), a sleep this shell leaves behind is no longer
+# found, and its step (and so the job, and the node) would stay COMPLETING until Slurm gave up on it.
+# A SIGTERM can end the sleep just before this shell takes it, and the loop then starts another one.
+trap 'kill $(jobs -p) 2>/dev/null' EXIT
+while :; do sleep 600 >/dev/null 2>&1 & wait $!; done
