@@ -257,6 +257,24 @@ def assert_local_data_deleted(job, tmp_path):
     while ours() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not ours(), f"left on the node: {ours()}"
+    left = lambda: _job_processes(job.job_id)  # noqa: E731 - none outlives the job's steps (the clean-up step's sleep)
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left(), f"processes of job {job.job_id} left on the node: {left()}"
+
+
+def _job_processes(job_id) -> list[str]:
+    """The command lines of live processes whose environment holds SLURM_JOB_ID=job_id."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            if proc.name.isdigit() and f"SLURM_JOB_ID={job_id}".encode() in environ and \
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append((proc / "cmdline").read_text().replace("\0", " ").strip())
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.slow
