@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from conftest import AT_ONCE_S
+from conftest import AT_ONCE_S, without_torchrun_shutdown_race
 
 pytestmark = pytest.mark.slow
 HELLO = "solutions/labs/hello.py"
@@ -241,7 +241,8 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
             assert demo.poll() is None and time.monotonic() < deadline, said.read_text()
             time.sleep(1)
         log = (ROOT / f"dpcourse-nodes-{job}.out").read_text()  # the name tail -f is given
-        assert "[rank0]:step 20: test accuracy" in log and "error" not in log, log  # the clean-up step's are elsewhere
+        # the clean-up step's messages are elsewhere; torchrun's own end-of-run race is not the course's
+        assert "[rank0]:step 20: test accuracy" in log and "error" not in without_torchrun_shutdown_race(log), log
         said_doctor = (ROOT / f"dpcourse-doctor-{doctor}.out").read_text()
         assert said_doctor.rstrip().endswith("\nall ok"), said_doctor
         demo.send_signal(signal.SIGINT)
