@@ -40,8 +40,9 @@ def launch(cmd, log, *args, timeout=240):
 
 @needs_horovod
 def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
-    """One epoch, the same data, seed and settings, on 2 processes: the test accuracies agree to 0.5 %."""
-    args = ["--epochs", "1", "--global-batch-size", "256", "--lr-scaling", "linear"]
+    """Half an epoch (117 of 234 steps), the same data, seed and settings, on 2 processes: the test accuracies
+    agree to 0.5 %."""
+    args = ["--epochs", "1", "--max-steps", "117", "--global-batch-size", "256", "--lr-scaling", "linear"]
     hvd, hvd_log = launch([HOROVODRUN, "-np", "2", sys.executable, LAB], tmp_path / "hvd.jsonl", *args)
     assert hvd.returncode == 0, hvd.stdout
     ddp, ddp_log = launch(torchrun_cmd(2, DDP_LAB), tmp_path / "ddp.jsonl", *args)
@@ -49,10 +50,10 @@ def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
     h, d = hvd_log[-1], ddp_log[-1]
     assert h["framework"] == "horovod" and h["world_size"] == d["world_size"] == 2
     assert h["test_images"] == 10_000 and h["replicas_max_diff"] == 0.0
-    assert h["step"] == d["step"] == 234 and h["peak_lr"] == d["peak_lr"] == 0.3
+    assert h["step"] == d["step"] == 117 and h["peak_lr"] == d["peak_lr"] == 0.3
     assert abs(h["test_accuracy"] - d["test_accuracy"]) <= 0.005, (h, d)
     assert h["test_accuracy"] > 0.8, h
-    print(f"1 epoch, 2 processes: Horovod ({h['controller']}) {h['test_accuracy']:.4f} in {h['elapsed_s']:.1f} s, "
+    print(f"117 steps, 2 processes: Horovod ({h['controller']}) {h['test_accuracy']:.4f} in {h['elapsed_s']:.1f} s, "
           f"DDP {d['test_accuracy']:.4f} in {d['elapsed_s']:.1f} s")
 
 
