@@ -84,7 +84,7 @@ LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d", re.M)
 # torchrun across nodes, at the very end: after their exit barrier, the agents each mark the c10d rendezvous
 # closed in the store that the endpoint node's agent keeps; when that agent has exited first, the others warn
 # that they "failed to shutdown the rendezvous", under a C++ warning with its stack (torch's
-# dynamic_rendezvous.py, DynamicRendezvousHandler.shutdown; pytorch/pytorch#69197). Training and the job have
+# dynamic_rendezvous.py, DynamicRendezvousHandler.shutdown, called by launcher/api.py). Training and the job have
 # finished by then: these lines, and only these, are taken out of a log that must otherwise hold no error.
 _SHUTDOWN_RACE = re.compile(r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] .*recvVector failed.*|Exception raised from recvBytes .*"
                             r"|frame #\d+: .*|<omitting python frames>|W\d{4} [\d:.]+ \d+ .*dynamic_rendezvous\.py:\d+\] The node "
