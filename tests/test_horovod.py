@@ -4,6 +4,7 @@ except in CI, which builds it (.ci/run) and so must run these."""
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,10 @@ from dpcourse.metrics import read_log
 LAB = ROOT / "solutions" / "labs" / "fashion_horovod.py"
 DDP_LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+# horovodrun as notebook 11 starts it (dpcourse.launch.horovodrun): horovodrun less its ~2.5 s start-up
+# probe, told the build in DPCOURSE_HOROVOD_BUILT (the horovod fixture). The tests of a learner's
+# mistakes and of `make horovod` run the installed horovodrun itself.
+HOROVODRUN_NB = [sys.executable, "-m", "dpcourse.horovodrun"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
 
 pytestmark = [pytest.mark.slow]
@@ -30,6 +35,11 @@ def horovod():
         if os.environ.get("CI") == "true":
             pytest.fail("CI builds Horovod (.ci/run: make horovod): it is missing", pytrace=False)
         pytest.skip("Horovod is not installed: make horovod")
+    from dpcourse.launch import _horovod_built
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DPCOURSE_HOROVOD_BUILT", _horovod_built())  # for HOROVODRUN_NB
+        yield
 
 
 def launch(cmd, log, *args, timeout=240):
@@ -43,7 +53,7 @@ def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
     """Half an epoch (117 of 234 steps), the same data, seed and settings, on 2 processes: the test accuracies
     agree to 0.5 %."""
     args = ["--epochs", "1", "--max-steps", "117", "--global-batch-size", "256", "--lr-scaling", "linear"]
-    hvd, hvd_log = launch([HOROVODRUN, "-np", "2", sys.executable, LAB], tmp_path / "hvd.jsonl", *args)
+    hvd, hvd_log = launch([*HOROVODRUN_NB, "-np", "2", sys.executable, LAB], tmp_path / "hvd.jsonl", *args)
     assert hvd.returncode == 0, hvd.stdout
     ddp, ddp_log = launch(torchrun_cmd(2, DDP_LAB), tmp_path / "ddp.jsonl", *args)
     assert ddp.returncode == 0, ddp.stdout
@@ -61,8 +71,8 @@ def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
 def test_gloo_and_mpi_controllers_and_mpirun_train_alike(tmp_path):
     """The same 30 steps under horovodrun --gloo, horovodrun --mpi and plain mpirun: the same losses."""
     args = [LAB, "--max-steps", "30", "--log-every", "10", "--no-eval"]
-    runs = {"gloo": [HOROVODRUN, "--gloo", "-np", "2", sys.executable],
-            "mpi": [HOROVODRUN, "--mpi", "-np", "2", sys.executable],
+    runs = {"gloo": [*HOROVODRUN_NB, "--gloo", "-np", "2", sys.executable],
+            "mpi": [*HOROVODRUN_NB, "--mpi", "-np", "2", sys.executable],
             "mpirun": [*MPIRUN, "2", sys.executable]}
     losses = {}
     for name, cmd in runs.items():
@@ -92,7 +102,7 @@ def test_one_process_equals_the_plain_optimizer(tmp_path):
 def test_resume_broadcasts_rank0s_checkpoint(tmp_path):
     """Stopped at step 10 and resumed (only rank 0 reads the checkpoint; the broadcasts share it):
     the same weights as an uninterrupted run of 20 steps, and replicas still equal."""
-    base = [HOROVODRUN, "--gloo", "-np", "2", sys.executable, LAB, "--deterministic", "--no-eval", "--global-batch-size", "64"]
+    base = [*HOROVODRUN_NB, "--gloo", "-np", "2", sys.executable, LAB, "--deterministic", "--no-eval", "--global-batch-size", "64"]
     whole = run([*base, "--max-steps", "20", "--save-model", tmp_path / "whole.pt"], timeout=180)
     assert whole.returncode == 0, whole.stdout
     first = run([*base, "--max-steps", "10", "--checkpoint-dir", tmp_path / "ck"], timeout=180)
@@ -143,6 +153,21 @@ def test_make_horovod_is_idempotent_and_checks_the_build():
     assert done.returncode == 0, done.stdout
     check = done.stdout[done.stdout.index("Available Frameworks"):]
     assert "[X] PyTorch" in check and "[X] Gloo" in check and "[X] MPI" in check, check
+    from dpcourse.launch import _horovod_built
+    assert _horovod_built() == "gloo,mpi"  # what the notebooks' horovodrun is told instead of probing: the same
+
+
+@needs_horovod
+def test_the_notebooks_horovodrun_takes_the_build_it_is_told_instead_of_probing():
+    """dpcourse.launch.horovodrun starts horovodrun less its start-up probe (src/dpcourse/horovodrun.py):
+    told that this Horovod has no Gloo, it refuses --gloo at once, as horovodrun does where Gloo is
+    missing; told nothing, it is horovodrun, probe and all."""
+    cmd = [*HOROVODRUN_NB, "--gloo", "-np", "2", "true"]
+    told = run(cmd, env={"DPCOURSE_HOROVOD_BUILT": "mpi"}, timeout=60)
+    assert told.returncode == 1 and "Gloo support has not been built" in told.stdout, told.stdout
+    untold = {k: v for k, v in os.environ.items() if k != "DPCOURSE_HOROVOD_BUILT"}
+    plain = subprocess.run(cmd, env=untold, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
 
 
 def test_notebook_11_without_horovod_shows_the_committed_run(tmp_path, monkeypatch):

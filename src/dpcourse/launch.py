@@ -13,6 +13,7 @@ a function defined in a notebook cannot be pickled into ``mp.spawn`` workers.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -128,9 +129,23 @@ def horovodrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: f
         raise CourseError("Horovod is not installed in this environment: run `make horovod` in the course "
                           "folder (it builds Horovod in about 3 minutes), then restart the kernel.")
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
-    cmd = [str(exe), f"--{controller}", "-np", str(nproc), sys.executable]
+    # horovodrun, less its start-up probe (dpcourse/horovodrun.py): the answer is asked here, once
+    cmd = [sys.executable, "-m", "dpcourse.horovodrun", f"--{controller}", "-np", str(nproc), sys.executable]
     shown = ["horovodrun", f"--{controller}", "-np", str(nproc), "python"]
+    built = _horovod_built()
+    env = {**({"DPCOURSE_HOROVOD_BUILT": built} if built is not None else {}), **(env or {})}
     return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=_horovod_untag)
+
+
+@functools.cache
+def _horovod_built() -> str | None:
+    """Which controllers Horovod was built with ("gloo,mpi"), asked in this process, where torch is
+    loaded already; None when horovod.torch does not load (horovodrun's own probe then says why)."""
+    try:
+        import horovod.torch as hvd
+    except Exception:  # noqa: BLE001 - any failure to load: leave the question to horovodrun
+        return None
+    return ",".join(name for name, built in (("gloo", hvd.gloo_built), ("mpi", hvd.mpi_built)) if built())
 
 
 def _horovod_untag(line: str) -> str:
