@@ -130,7 +130,7 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
     ck = tmp_path / "ck"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
            str(LAB), "--checkpoint-dir", str(ck), "--checkpoint-every", "100", "--resume", "auto",
-           "--target-accuracy", "0.90", "--log-json", str(tmp_path / "log.jsonl")]
+           "--target-accuracy", "0.85", "--log-json", str(tmp_path / "log.jsonl")]  # one epoch (0.90: two)
     with started(cmd) as proc:
         # The first checkpoint (written whole: a rename), however long the load makes it take.
         wait_until((ck / "last.pt").exists, proc, what="the first checkpoint")
@@ -144,7 +144,7 @@ def test_a_killed_worker_restarts_from_the_checkpoint_and_reaches_the_target(tmp
     assert resumed, out
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["event"] == "resume"] == [int(resumed[1])], "the restart left no record in the log"
-    assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.90 and log[-1]["stop"] == "target_accuracy"
+    assert log[-1]["event"] == "done" and log[-1]["test_accuracy"] >= 0.85 and log[-1]["stop"] == "target_accuracy"
 
 
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_saved_then_resumed(tmp_path, fashion_root):
