@@ -1,4 +1,5 @@
 """dpcourse.scaling and dpcourse.plots: a real study (torchrun, FashionMNIST), its resume, its maths."""
+import hashlib
 import json
 import re
 import sys
@@ -106,6 +107,27 @@ def test_a_folder_holds_one_study(study, fashion_root):
     elsewhere[-1] = str(fashion_root.resolve()) + "/."
     again = run(elsewhere, timeout=60)
     assert again.returncode == 0 and again.stdout.count("skipped, its log is complete") == 4, again.stdout
+
+
+@pytest.mark.slow
+def test_a_log_is_reused_only_for_the_same_lab_file(study, fashion_root, tmp_path):
+    """A learner who edits the lab and runs the study again gets new runs, not the old lab's logs: a
+    log counts as done only beside the hash of the lab file that started it (<name>.lab-sha256)."""
+    out, _ = study
+    edited = tmp_path / LAB.name
+    edited.write_text(LAB.read_text() + "# an edit\n")
+    cmd = study_cmd(out, "--task", "0", data_root=fashion_root)  # strong-k1 only: one process
+    cmd[cmd.index("--lab") + 1] = edited
+    again = run(cmd, timeout=120)
+    assert again.returncode == 0, again.stdout
+    assert "strong K=1: its log was written by another version of fashion_ddp.py: run again" in again.stdout
+    assert "skipped" not in again.stdout and re.search(r"^strong +K=1: +[\d,.]+ samples/s", again.stdout, re.M)
+    assert scaling.table(out)[0]["complete"]
+    # strong-k1 is the edit's now; the other three logs are still the course lab's (the study runs them again
+    # with the edited lab, or strong-k1 with the course's)
+    made_by = {n: (out / f"{n}.lab-sha256").read_text().strip() for n in NAMES}
+    digest = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in (LAB, edited)}
+    assert made_by == {"strong-k1": digest[edited], **{n: digest[LAB] for n in NAMES[1:]}}, made_by
 
 
 # ------------------------------------------------------------------ the table's maths

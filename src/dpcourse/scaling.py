@@ -18,6 +18,7 @@ job array). `table` and `plot` read only study.json and the logs.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -101,7 +102,10 @@ def _cpu_name() -> str:
 def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
         global_batch_size: int | None = None, threads: int = 1, lab_args=LAB_ARGS,
         task: int | None = None, echo: bool = False, timeout: float = 3600) -> list[Path]:
-    """Run the study's runs that have no complete log yet, one after the other; return the logs.
+    """Run the study's runs that have no complete log of this lab yet, one after the other; return
+    the logs. A complete log is reused only when the lab file that wrote it is the same, byte for
+    byte: each run's ``<name>.lab-sha256`` holds the hash of the lab it was started with, so an
+    edited lab (a learner's exercise, a fix) runs the study again.
 
     ``lab``: a lab script (default: ``fashion_ddp.py``, the learner's or the solution, as
     ``launch.lab`` finds it), launched as ``torchrun --nproc-per-node K lab <batch option>
@@ -134,16 +138,20 @@ def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
               "(one GPU per process), which is a different study: keep K ≤ the GPUs", flush=True)
 
     logs = []
+    digest = hashlib.sha256(lab.read_bytes()).hexdigest()
     bar = tqdm(todo, unit="run", desc="scaling", disable=bar_off(0))
     for r in bar:
-        log = out / r["log"]
+        log, made_by = out / r["log"], out / f"{r['name']}.lab-sha256"
         what = f"{r['mode']:6} K={r['workers']}"
         bar.set_postfix_str(what.replace("  ", " "))
         if log.exists() and is_complete(read_log(log)):
-            tqdm.write(f"{what}: skipped, its log is complete ({log})")
-            logs.append(log)
-            continue
+            if made_by.exists() and made_by.read_text().strip() == digest:
+                tqdm.write(f"{what}: skipped, its log is complete ({log})")
+                logs.append(log)
+                continue
+            tqdm.write(f"{what}: its log was written by another version of {lab.name}: run again")
         log.unlink(missing_ok=True)  # an interrupted run starts again from scratch
+        made_by.write_text(digest + "\n")  # before the run: a log is never newer than its lab's hash
         try:
             launch.run_ok(launch.torchrun(lab, *r["args"], *lab_args, "--log-json", log,
                                           nproc=r["workers"], log_json=False, echo=echo, ranks="0",
