@@ -235,6 +235,18 @@ def test_bad_options_say_what_to_do(args, expected, fashion_root):
     assert_one_message(result, *expected)
 
 
+def test_every_width_builds_a_model():
+    """--width 6 once ended in a ValueError from GroupNorm on every rank (6 channels in 4 groups): the
+    model takes 4 groups where 4 divides the channels, and fewer where it does not."""
+    from dpcourse.models import FashionCNN
+
+    for width in range(1, 9):
+        model = FashionCNN(width=width)
+        groups = [m.num_groups for m in model if isinstance(m, torch.nn.GroupNorm)]
+        assert groups == [4 if width % 4 == 0 else (2 if width % 2 == 0 else 1), 4 if width % 2 == 0 else 2]
+        assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_nccl_on_a_cpu_node(fashion_root):
     result, _ = lab(2, "--backend", "nccl", timeout=60)

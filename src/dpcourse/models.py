@@ -12,14 +12,16 @@ difference (notebook 05).
 """
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 NORMS = ("group", "batch", "none")
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
-    if kind == "group":
-        return nn.GroupNorm(4, channels)
+    if kind == "group":  # 4 groups; fewer where 4 does not divide the channels (--width 6: 2, then 4)
+        return nn.GroupNorm(math.gcd(4, channels), channels)
     if kind == "batch":
         return nn.BatchNorm2d(channels)
     if kind == "none":
