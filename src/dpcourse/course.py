@@ -32,12 +32,13 @@ from pathlib import Path
 import nbformat
 
 from .data import project_root
+from .launch import STUB, not_done
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 HINT = re.compile(r"BEGIN SOLUTION\s*\((?:hint:\s*)?(.*)\)\s*(?:-->)?\s*$")
-STUB_RAISE = 'raise NotImplementedError("Exercise: see the hint above")'
+STUB_RAISE = f'raise NotImplementedError("{STUB}")'
 # A job script's exercise (labs/*.sbatch) stops the job the same way, in its own language.
-STUB_EXIT = 'echo "Exercise: see the hint above" >&2; exit 1'
+STUB_EXIT = f'echo "{STUB}" >&2; exit 1'
 STUB_WIDTH = 88  # the hint's comment lines, indentation included
 # An exercise still as generated: its stub's comment lines, then the raise.
 UNTOUCHED = re.compile(r'# YOUR CODE HERE\n(?:[ \t]*#.*\n)*[ \t]*raise NotImplementedError\("Exercise:')
@@ -58,9 +59,14 @@ def _solution_notebooks(folder: Path) -> list[Path]:
 
 def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_S, nb=None):
     """Run a notebook (``nb``, or the file at ``path``) top to bottom in the folder of ``path``;
-    return (notebook, seconds, error or None)."""
+    return (notebook, seconds, error or None).
+
+    Its kernel runs under test (``dpcourse.widgets.UNDER_TEST`` set): nobody watches an explorer's
+    output area here, so an error in its drawing fails the cell instead of being shown there."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+
+    from .widgets import UNDER_TEST
 
     nb = nbformat.read(path, as_version=4) if nb is None else nb
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
@@ -69,7 +75,7 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
     start = time.perf_counter()
     error = None
     try:
-        client.execute()
+        client.execute(env={**os.environ, UNDER_TEST: "1"})
     except CellExecutionError as err:
         error = str(err).strip().splitlines()[-1] if str(err).strip() else "cell failed"
     except Exception as err:  # a dead kernel, a timeout: report it in the table
@@ -284,8 +290,9 @@ def _is_check(cell) -> bool:
 
 
 def _is_stub(error) -> bool:
-    """The error an exercise stub raises: the exercise is not done yet."""
-    return error["ename"] == "NotImplementedError" and error["evalue"].startswith("Exercise:")
+    """Whether a cell's error says that it met an exercise not done yet: a stub's NotImplementedError, a
+    check's NotImplementedError("Exercise: ..."), or an error that quotes a lab's stub (launch.not_done)."""
+    return not_done(f"{error['ename']}: {error['evalue']}")
 
 
 def _error_line(error) -> str:

@@ -248,20 +248,33 @@ def _relative(path) -> str:
         return str(path)
 
 
-STUB = "Exercise: see the hint above"  # what an unfinished exercise of a student lab raises
+STUB = "Exercise: see the hint above"  # what every exercise stub says (dpcourse.course writes them)
+# A lab, a job script or a notebook cell that met a stub says so in one of these ways: Python's traceback
+# ("NotImplementedError: Exercise: see the hint above"), dpcourse.dist's excepthook on a rank in a process
+# group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This exercise of the lab is not done
+# yet ...'), a lab's own verdict ("f: not done yet — NotImplementedError: Exercise: see the hint above"), a job
+# script's echo, or a cell's own NotImplementedError("Exercise: ...") (run_ok's below).
+_NOT_DONE = re.compile(rf"{re.escape(STUB)}|NotImplementedError: Exercise:")
+
+
+def not_done(said: str | list[str]) -> bool:
+    """Whether ``said`` (a text or its lines: a lab's output, a job's, an error's message) shows an
+    exercise that is not done yet. The one recognition of a stub: ``run_ok``, the notebooks' checks
+    and ``make check`` (dpcourse.course) all ask it."""
+    return bool(_NOT_DONE.search(said if isinstance(said, str) else "\n".join(said)))
 
 
 def run_ok(run: Run) -> Run:
     """Raise one short error if the run failed (for cells that must not go on after a failure).
 
-    A lab that stopped at one of its unfinished exercises raises NotImplementedError, so that
-    ``make check`` reports the check as "not done yet" rather than failed.
+    A lab that stopped at one of its unfinished exercises (``not_done``) raises NotImplementedError,
+    so that ``make check`` reports the check as "not done yet" rather than failed.
     """
     if run.returncode != 0:
         if not run.echoed:  # a silent run: show how it ended
             print("\n".join(run.lines[-12:]), flush=True)
         script = next((c for c in run.command if c.endswith(".py")), "the lab")
-        if any(STUB in line for line in run.lines + run.agent_lines):
+        if not_done(run.lines + run.agent_lines):
             at = [m.group(1) for line in run.lines
                   if (m := re.search(rf'File ".*{re.escape(Path(script).name)}", line (\d+)', line))]
             raise NotImplementedError(f"Exercise: {_relative(script)} still has an exercise to do"
