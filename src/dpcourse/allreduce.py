@@ -430,6 +430,8 @@ def explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    from .widgets import drawing
+
     style = dict(continuous_update=False, style={"description_width": "60px"})
     P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
     M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1, description="M (bytes)", **style)
@@ -441,7 +443,7 @@ def explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
     def draw(*_):
         table = model_table(P.value, sizes, a.value, b.value, gamma)
         best = winner(P.value, M.value, a.value, b.value, gamma)
-        with out:
+        with drawing(out):
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(7, 3.6))
             for name, ts in table.items():

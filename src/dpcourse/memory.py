@@ -111,6 +111,8 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    from .widgets import drawing
+
     wide = {"style": {"description_width": "initial"}}
     preset = w.Dropdown(options=list(MODELS), value=model, description="model", **wide)
     billions = w.FloatLogSlider(value=MODELS[model] / 1e9, base=10, min=-2, max=3, step=0.05,
@@ -123,7 +125,7 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
 
     def draw(*_):
         params, P = billions.value * 1e9, workers.value
-        with out:
+        with drawing(out):
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
             names = [STAGE_NAMES[s] for s in STAGES]

@@ -1,12 +1,48 @@
 """ipywidgets explorers for the notebooks. Each draws from a pure function that the tests call
-directly, so what the sliders show is tested without a browser.
+directly, so what the sliders show is tested without a browser; each draws ``with drawing(out):``,
+so that under test an error in its drawing fails the notebook's cell.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
+
+# Set by dpcourse.course.execute in the kernels it starts (make course, make check, tests); a kernel
+# that nbval starts inherits pytest's own PYTEST_CURRENT_TEST instead (pytest sets it while a test runs).
+UNDER_TEST = "DPCOURSE_UNDER_TEST"
+
+
+def under_test() -> bool:
+    """Whether this process runs under the course's tests rather than in front of a learner."""
+    return bool(os.environ.get(UNDER_TEST) or os.environ.get("PYTEST_CURRENT_TEST"))
+
+
+def drawing(out):
+    """``with drawing(out):`` in place of ``with out:`` for an explorer's drawing, so that it can fail.
+
+    In a kernel, ipywidgets' ``Output`` shows an error raised inside it in its output area and
+    swallows it: what a learner moving a slider needs (a slider's callback has no cell to show the
+    error in), but a notebook's explorer cell then passes nbval and ``make course`` whatever its
+    drawing raised. Under test (``under_test()``) the error is shown as before, then raised.
+    """
+    return _Drawing(out)
+
+
+class _Drawing:
+    def __init__(self, out):
+        self.out = out
+
+    def __enter__(self):
+        self.out.__enter__()
+        return self.out
+
+    def __exit__(self, kind, error, tb):
+        swallowed = self.out.__exit__(kind, error, tb)  # shows the error in the output area (in a kernel)
+        return bool(swallowed) and not under_test()
 
 
 def sgd_softmax(X: torch.Tensor, y: torch.Tensor, lr: float, batch_size: int, samples: int,
@@ -61,7 +97,7 @@ def lr_batch_explorer(X: torch.Tensor, y: torch.Tensor, samples: int = 30_000):
 
     def draw(*_):
         run = sgd_softmax(X, y, lr.value, bs.value, samples)
-        with out:
+        with drawing(out):
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(6, 3.2))
             ax.plot(run["samples_seen"], run["train_loss"], marker=".")
@@ -138,7 +174,7 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
     def draw(*_):
         G = batch.value * workers.value
         spe = max(1, TRAIN_IMAGES // G)  # beyond 60,000 images per step: one step per epoch
-        with out:
+        with drawing(out):
             out.clear_output(wait=True)
             fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
             for i, rule in enumerate(LR_RULES):
