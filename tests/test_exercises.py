@@ -2,11 +2,20 @@
 
 For each ``check`` cell of each solution notebook, the exercise it checks is filled in with a
 wrong answer that a learner could write, the notebook's cheap cells run in this process, and
-the check must raise. A wrong answer is either the code for the solution region of the nearest
-exercise cell above the check (a string), or ``Lab(file, hint, code)``: the code for the region
-of ``solutions/labs/<file>`` whose hint contains ``hint``, for checks that run a lab (the check
-then runs a copy of the labs with that region replaced, through $DPCOURSE_LABS). A check cell
-without a registered wrong answer fails the suite: add one when you add an exercise.
+the check must raise, and say why: each wrong answer is registered as ``(answer, says)``, and the
+check's error must contain ``says``, the part of its message that names this mistake (a crash, a
+broken environment or a timeout says something else, and fails the test). An answer is either the
+code for the solution region of the nearest exercise cell above the check (a string), or
+``Lab(file, hint, code)``: the code for the region of ``solutions/labs/<file>`` whose hint contains
+``hint``, for checks that run a lab (the check then runs a copy of the labs with that region
+replaced, through $DPCOURSE_LABS). A check cell without a registered wrong answer fails the suite:
+add one when you add an exercise.
+
+The positive control: the same path with the solution must pass. For checks whose exercise is a
+notebook cell, the harness runs the check on the solution's namespace; for checks that run a lab,
+it proves that the copy it makes of the labs, with the solution's own code in the region, is the
+labs byte for byte (so a wrong answer's copy differs only in its region), and the solution's run of
+the check is make course's (nbval compares it).
 """
 import importlib.util
 import os
@@ -30,32 +39,33 @@ matplotlib.use("Agg")
 # (notebook, check name) → {what the learner got wrong: the code between the solution markers}
 WRONG = {
     ("01_minibatch_sgd.ipynb", "exercise 1"): {
-        "gradient not cleared": "p -= lr * p.grad",
-        "step uphill": "p += lr * p.grad\np.grad = None",
-        "a new tensor, not an in-place update": "p = p - lr * p.grad\np.grad = None",
-        "lr forgotten": "p -= p.grad\np.grad = None",
+        "gradient not cleared": ("p -= lr * p.grad", "the gradient must be cleared"),
+        "step uphill": ("p += lr * p.grad\np.grad = None", "got [2.5, -4.0]"),
+        "a new tensor, not an in-place update": ("p = p - lr * p.grad\np.grad = None", "got [1.0, -2.0]"),
+        "lr forgotten": ("p -= p.grad\np.grad = None", "got [-2.0, 2.0]"),
     },
     ("01_minibatch_sgd.ipynb", "exercise 2"): {
-        "the batch gradient repeated B times": """
+        "the batch gradient repeated B times": ("""
             gW, gb = torch.autograd.grad(loss_fn(W, b, X, y), (W, b))
             return gW.expand(len(X), *gW.shape), gb.expand(len(X), *gb.shape)""",
-        "each example's gradient times B (a sum for a mean)": """
+            "are not the gradient of that example's own loss"),
+        "each example's gradient times B (a sum for a mean)": ("""
             gW, gb = [], []
             for i in range(len(X)):
                 gi = torch.autograd.grad(loss_fn(W, b, X[i:i + 1], y[i:i + 1]), (W, b))
                 gW.append(gi[0] * len(X)); gb.append(gi[1] * len(X))
-            return torch.stack(gW), torch.stack(gb)""",
-        "examples paired with the wrong labels": """
+            return torch.stack(gW), torch.stack(gb)""", "are not the gradient of that example's own loss"),
+        "examples paired with the wrong labels": ("""
             gW, gb = [], []
             for i in range(len(X)):
                 gi = torch.autograd.grad(loss_fn(W, b, X[i:i + 1], y.roll(1)[i:i + 1]), (W, b))
                 gW.append(gi[0]); gb.append(gi[1])
-            return torch.stack(gW), torch.stack(gb)""",
+            return torch.stack(gW), torch.stack(gb)""", "are not the gradient of that example's own loss"),
     },
 }
 WRONG.update({
     ("06_data_sharding.ipynb", "exercise 1"): {
-        "contiguous blocks, not every K-th index": """
+        "contiguous blocks, not every K-th index": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
             if drop_last:
                 order = order[:n - n % num_replicas]
@@ -65,7 +75,8 @@ WRONG.update({
                     order += order[:total - len(order)]
             per = len(order) // num_replicas
             return order[rank * per:(rank + 1) * per]""",
-        "seeded without the epoch": """
+            "n=12, 3 ranks, rank 0, epoch 0, shuffle=True, drop_last=False: DistributedSampler gives"),
+        "seeded without the epoch": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() if shuffle else list(range(n))
             if drop_last:
                 order = order[:n - n % num_replicas]
@@ -74,7 +85,8 @@ WRONG.update({
                 while len(order) < total:
                     order += order[:total - len(order)]
             return order[rank::num_replicas]""",
-        "a different shuffle on each rank": """
+            "n=12, 1 rank, rank 0, epoch 1, shuffle=True, drop_last=False: DistributedSampler gives"),
+        "a different shuffle on each rank": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch + rank)).tolist() if shuffle else list(range(n))
             if drop_last:
                 order = order[:n - n % num_replicas]
@@ -83,18 +95,19 @@ WRONG.update({
                 while len(order) < total:
                     order += order[:total - len(order)]
             return order[rank::num_replicas]""",
-        "neither padded nor cut": """
+            "n=12, 3 ranks, rank 1, epoch 0, shuffle=True, drop_last=False: DistributedSampler gives"),
+        "neither padded nor cut": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
-            return order[rank::num_replicas]""",
-        "padded with the last index": """
+            return order[rank::num_replicas]""", "rank_indices gives [1, 7]"),
+        "padded with the last index": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
             if drop_last:
                 order = order[:n - n % num_replicas]
             else:
                 total = math.ceil(n / num_replicas) * num_replicas
                 order += [order[-1]] * (total - len(order))
-            return order[rank::num_replicas]""",
-        "padded once only (too short when n < K)": """
+            return order[rank::num_replicas]""", "rank_indices gives [1, 7, 5]"),
+        "padded once only (too short when n < K)": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
             if drop_last:
                 order = order[:n - n % num_replicas]
@@ -102,24 +115,28 @@ WRONG.update({
                 total = math.ceil(n / num_replicas) * num_replicas
                 order += order[:total - len(order)]
             return order[rank::num_replicas]""",
-        "drop_last ignored: always padded": """
+            "n=2, 5 ranks, rank 4, epoch 0, shuffle=True, drop_last=False: DistributedSampler gives [0], rank_indices gives []"),
+        "drop_last ignored: always padded": ("""
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle else list(range(n))
             total = math.ceil(n / num_replicas) * num_replicas
             while len(order) < total:
                 order += order[:total - len(order)]
             return order[rank::num_replicas]""",
+            "drop_last=True: DistributedSampler gives [10, 11], rank_indices gives [10, 11, 8]"),
     },
     ("06_data_sharding.ipynb", "exercise 2"): {
-        "every rank at once (no guard)": Lab("io_race.py", "on rank 0 first", "downloaded = fetch_if_missing(source, dest, args)"),
-        "rank 0 fetches, the others do not wait": Lab("io_race.py", "on rank 0 first", """
+        "every rank at once (no guard)": (Lab("io_race.py", "on rank 0 first", "downloaded = fetch_if_missing(source, dest, args)"),
+            "downloaded the file: only rank 0 should"),
+        "rank 0 fetches, the others do not wait": (Lab("io_race.py", "on rank 0 first", """
             downloaded = fetch_if_missing(source, dest, args) if dist.get_rank() == 0 else False"""),
-        "a barrier before the fetch, not between": Lab("io_race.py", "on rank 0 first", """
+            "read a missing or half-written file"),
+        "a barrier before the fetch, not between": (Lab("io_race.py", "on rank 0 first", """
             dist.barrier()
-            downloaded = fetch_if_missing(source, dest, args)"""),
-        "rank 0 fetches, then every rank again without waiting": Lab("io_race.py", "on rank 0 first", """
+            downloaded = fetch_if_missing(source, dest, args)"""), "downloaded the file: only rank 0 should"),
+        "rank 0 fetches, then every rank again without waiting": (Lab("io_race.py", "on rank 0 first", """
             if dist.get_rank() == 0:
                 fetch_if_missing(source, dest, args)
-            downloaded = fetch_if_missing(source, dest, args)"""),
+            downloaded = fetch_if_missing(source, dest, args)"""), "downloaded the file: only rank 0 should"),
     },
 })
 WRONG.update({
@@ -127,32 +144,41 @@ WRONG.update({
     # ddp_by_hand.py --check): one or two here prove the cells' wiring; tests/test_ddp_by_hand.py feeds
     # the lab's --check every other wrong answer (nine of them) directly.
     ("05_one_process_to_ddp.ipynb", "exercise 1"): {
-        "summed, never divided by the world size": Lab("ddp_by_hand.py", "sum p.grad over all ranks",
+        "summed, never divided by the world size": (Lab("ddp_by_hand.py", "sum p.grad over all ranks",
                                                        "dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)"),
+            "NaiveDDP: WRONG — weights differ from one process"),
     },
     ("05_one_process_to_ddp.ipynb", "exercise 2"): {
-        "never sent during backward (finish sends it)": Lab("ddp_by_hand.py", "once no gradient of the bucket", "pass"),
-        "waited for at once (no overlap)": Lab(
+        "never sent during backward (finish sends it)": (Lab("ddp_by_hand.py", "once no gradient of the bucket", "pass"),
+            "had no all-reduce work when backward ended"),
+        "waited for at once (no overlap)": (Lab(
             "ddp_by_hand.py", "once no gradient of the bucket",
             "if bucket.waiting == 0:\n    bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n    bucket.work.wait()"),
+            "wait() on an all-reduce inside backward"),
     },
     ("05_one_process_to_ddp.ipynb", "exercise 3"): {
-        "the model never wrapped": Lab("fashion_ddp.py", "wrap model in DDP", "pass"),
-        "set_epoch forgotten": Lab("fashion_ddp.py", "tell the sampler which epoch", "pass"),
-        "every rank samples the whole set": Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
+        "the model never wrapped": (Lab("fashion_ddp.py", "wrap model in DDP", "pass"), "is the model wrapped in DDP?"),
+        "set_epoch forgotten": (Lab("fashion_ddp.py", "tell the sampler which epoch", "pass"),
+            "does the lab call sampler.set_epoch(epoch) every epoch?"),
+        "every rank samples the whole set": (Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
             sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed, drop_last=True)"""),
-        "the evaluation's all_reduce forgotten": Lab("fashion_ddp.py", "sum the three totals", "pass"),
+            "does each rank get 30,000 of the 60,000 images?"),
+        "the evaluation's all_reduce forgotten": (Lab("fashion_ddp.py", "sum the three totals", "pass"),
+            "sum the totals over all ranks"),
     },
     ("06_data_sharding.ipynb", "exercise 3"): {
-        "the DataLoader shuffles on its own": Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
+        "the DataLoader shuffles on its own": (Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
                                 shuffle=True, num_workers=args.workers, drop_last=True)"""),
-        "no sampler, no shuffle": Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
+            "give the DataLoader the sampler (sampler=...)"),
+        "no sampler, no shuffle": (Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
                                 num_workers=args.workers, drop_last=True)"""),
-        "the global batch per worker": Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
+            "give the DataLoader the sampler (sampler=...)"),
+        "the global batch per worker": (Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=global_batch,
                                 sampler=sampler, num_workers=args.workers, drop_last=True)"""),
+            "each DataLoader batch must be this worker's share of the global batch"),
     },
 })
 # More wrong answers live beside this file, one module per notebook: tests/wrong_answers_NN.py,
@@ -290,12 +316,41 @@ def test_the_solutions_checks_run_under_nbval(request):
     assert request.config.getoption("nbval"), "run the suite with --nbval (pyproject's addopts): it runs the solutions' checks"
 
 
+def test_every_wrong_answer_says_what_its_check_must_say():
+    for (notebook, name), answers in WRONG.items():
+        for what, entry in answers.items():
+            assert isinstance(entry, tuple) and len(entry) == 2, \
+                f"{notebook} {name}, {what}: register (answer, says), says being what the check must say"
+            body, says = entry
+            assert isinstance(body, (str, Lab)) and isinstance(says, str) and says.strip(), (notebook, name, what)
+
+
+def test_a_labs_copy_with_the_solution_in_its_region_is_the_lab():
+    """The positive control of the checks that run a lab: the copy of the labs that run_check makes, with
+    the solution's own code in the answer's region, is the labs byte for byte."""
+    regions = {(body.file, body.hint) for answers in WRONG.values() for body, _ in answers.values() if isinstance(body, Lab)}
+    assert len(regions) > 10, regions
+    for file, hint in sorted(regions):
+        text = (ROOT / "solutions" / "labs" / file).read_text()
+        lines = text.splitlines()
+        begin = next(i for i, line in enumerate(lines) if BEGIN in line and hint in line)
+        end = next(i for i, line in enumerate(lines) if END in line and i > begin)
+        solution = "\n".join(lines[begin + 1:end])
+        kept = with_answer(text, solution, hint)
+        # the markers go, the rest stays: the same file as make student's learners get, less its stub
+        assert kept.splitlines() == lines[:begin] + lines[begin + 1:end] + lines[end + 1:], (file, hint)
+
+
 @pytest.mark.parametrize("notebook, check, name, exercise", CHECKS, ids=[f"{c[0][:2]}-{c[2]}" for c in CHECKS])
 def test_check_rejects_wrong_answers(notebook, check, name, exercise, capsys):
     nb = nbformat.read(ROOT / "solutions" / notebook, as_version=4)
     # The cells before the check, with the solution: the namespace a wrong lab's check runs in.
     _, prefix = run_check(nb, check, exercise, key=notebook, run_the_check=False)
-    for what, body in WRONG[(notebook, name)].items():
+    answers = WRONG[(notebook, name)]
+    if all(isinstance(body, str) for body, _ in answers.values()):  # the exercise is a cell: the check runs here
+        err, _ = run_check(nb, check, exercise, prefix=_fork(prefix))
+        assert err is None, f"{name}: through this harness, the check rejects the solution itself: {err!r}"
+    for what, (body, says) in answers.items():
         err = None
         if isinstance(body, Lab):  # most checks run their lab themselves: try the check alone first
             err, _ = run_check(nb, check, exercise, body, prefix=prefix)
@@ -305,6 +360,7 @@ def test_check_rejects_wrong_answers(notebook, check, name, exercise, capsys):
         # A lab run the launcher stopped at its timeout (dpcourse.launch) is not the check's verdict: it would
         # pass here whatever the check does (a slow machine, or a wrong answer that hangs).
         assert "took longer than" not in str(err), f"{name}: a run timed out instead of being checked ({what}): {err}"
+        assert says in str(err), f"{name}: rejected ({what}), but not for its reason: {says!r} is not in {str(err)!r}"
 
 
 def test_with_answer_replaces_only_the_solution_region():

@@ -59,6 +59,13 @@ def test_a_silent_failed_run_shows_its_last_lines_and_names_the_error(capsys):
     assert "[rank1]:rank 1 gives up" in capsys.readouterr().out
     assert _cause(["[rank0]:step 1", "[rank1]:Traceback (most recent call last):",
                    "[rank1]:TypeError: unsupported operand", "[rank1]:  more"]) == "[rank1]:TypeError: unsupported operand"
+    # gloo's C++ check ends rank 0 without a Python error; its peer then reports the lost rank, later: the
+    # verdict is rank 0's (notebook 12's shape mismatch), and a peer's echo only when nobody said more
+    crash = ["[rank0]:terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+             "[rank0]:  what():  [enforce fail at pair.cc:464] Received data size doesn't match expected size.",
+             "[rank1]: lost another rank in the middle of all_gather at x.py:49 (main) (Connection reset by peer)."]
+    assert "doesn't match expected size" in _cause(crash)
+    assert "lost another rank" in _cause(crash[2:])
 
 
 def test_timeout_stops_every_rank(tmp_path):

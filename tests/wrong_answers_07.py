@@ -30,21 +30,22 @@ return numbers
 
 WRONG = {
     ("07_scaling_study.ipynb", "exercise 1"): {
-        "weak efficiency not divided by K": RATES + """
+        "weak efficiency not divided by K": (RATES + """
 numbers = {}
 for (mode, k), rate in rates.items():
     base = rates[(mode, 1)]
     numbers[(mode, k)] = (rate, rate / base, rate / base if mode == "weak" else rate / (k * base))
 return numbers
-""",
-        "the warm-up window kept": RATES.replace("steady = windows[1:]", "steady = windows") + RIGHT_RATIOS,
-        "throughput from elapsed_s (start-up and logging inside)": """
+""", "T(K) / (K · T(1)), for weak scaling too"),
+        "the warm-up window kept": (RATES.replace("steady = windows[1:]", "steady = windows") + RIGHT_RATIOS,
+            "That is the warm-up window kept"),
+        "throughput from elapsed_s (start-up and logging inside)": ("""
 rates = {}
 for key, records in logs.items():
     last = records[-1]
     rates[key] = last["step"] * last["global_batch"] / last["elapsed_s"]
-""" + RIGHT_RATIOS,
-        "a plain mean of the windows' rates": """
+""" + RIGHT_RATIOS, "That is elapsed_s used"),
+        "a plain mean of the windows' rates": ("""
 rates = {}
 for key, records in logs.items():
     windows, last = [], 0
@@ -55,8 +56,8 @@ for key, records in logs.items():
                 windows.append(r["samples_per_s"])
     steady = windows[1:]
     rates[key] = sum(steady) / len(steady)
-""" + RIGHT_RATIOS,
-        "the rates averaged with the steps as weights": """
+""" + RIGHT_RATIOS, "That is a plain mean of the windows' rates"),
+        "the rates averaged with the steps as weights": ("""
 rates = {}
 for key, records in logs.items():
     windows, last = [], 0
@@ -67,6 +68,6 @@ for key, records in logs.items():
                 windows.append((steps, r["samples_per_s"]))
     steady = windows[1:]
     rates[key] = sum(s * rate for s, rate in steady) / sum(s for s, _ in steady)
-""" + RIGHT_RATIOS,
+""" + RIGHT_RATIOS, "That is the rates averaged with the steps as weights"),
     },
 }

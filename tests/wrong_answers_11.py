@@ -11,19 +11,23 @@ EPOCH = "tell the sampler which epoch"
 
 WRONG = {
     ("11_horovod.ipynb", "exercise 1"): {
-        "the totals averaged, not summed": Lab(LAB, EVAL, 'totals = hvd.allreduce(totals, op=hvd.Average, name="eval_totals")'),
-        "hvd.allreduce taken for in place (its result dropped)": Lab(LAB, EVAL, 'hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")'),
-        "the optimizer never wrapped": Lab(LAB, WRAP, "pass"),
-        "the wrapper built but not assigned (opt stays the plain optimizer)": Lab(LAB, WRAP, """
+        "the totals averaged, not summed": (Lab(LAB, EVAL, 'totals = hvd.allreduce(totals, op=hvd.Average, name="eval_totals")'),
+            "sum the totals over all ranks (op=hvd.Sum)"),
+        "hvd.allreduce taken for in place (its result dropped)": (Lab(LAB, EVAL, 'hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")'),
+            "sum the totals over all ranks (op=hvd.Sum), and keep the tensor hvd.allreduce returns"),
+        "the optimizer never wrapped": (Lab(LAB, WRAP, "pass"), "is the optimizer wrapped in hvd.DistributedOptimizer?"),
+        "the wrapper built but not assigned (opt stays the plain optimizer)": (Lab(LAB, WRAP, """
             hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                      backward_passes_per_step=args.accumulate, op=hvd.Average)"""),
-        "the gradients summed (op=hvd.Sum)": Lab(LAB, WRAP, """
+            "Horovod says gradients were computed more than backward_passes_per_step"),
+        "the gradients summed (op=hvd.Sum)": (Lab(LAB, WRAP, """
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                            backward_passes_per_step=args.accumulate, op=hvd.Sum)"""),
-        "no broadcasts": Lab(LAB, BCAST, "pass"),
-        "the weights first, then the optimizer state (Horovod's examples' order)": Lab(LAB, BCAST, """
+            "average the gradients (hvd.Average), do not sum them"),
+        "no broadcasts": (Lab(LAB, BCAST, "pass"), "only rank 0 read the checkpoint"),
+        "the weights first, then the optimizer state (Horovod's examples' order)": (Lab(LAB, BCAST, """
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(opt, root_rank=0)"""),
-        "set_epoch forgotten": Lab(LAB, EPOCH, "pass"),
+            hvd.broadcast_optimizer_state(opt, root_rank=0)"""), "only rank 0 read the checkpoint"),
+        "set_epoch forgotten": (Lab(LAB, EPOCH, "pass"), "does the lab call sampler.set_epoch(epoch) every epoch?"),
     },
 }

@@ -20,31 +20,39 @@ SUM = "the sum of every rank's partial output"
 
 WRONG = {
     ("13_sharded_dp.ipynb", "exercise 1"): {
-        "mixed precision without the fp32 master weights (K = 8)": FORMULA.format(mixed="(2, 2, 8)", w=3, g=2, o=1),
-        "ZeRO-1 shards the gradients too": FORMULA.format(mixed="(2, 2, 12)", w=3, g=1, o=1),
-        "plain DP divided by P as well": FORMULA.format(mixed="(2, 2, 12)", w=0, g=0, o=0),
-        "ZeRO-3 leaves the weights whole": FORMULA.format(mixed="(2, 2, 12)", w=4, g=2, o=1),
+        "mixed precision without the fp32 master weights (K = 8)": (FORMULA.format(mixed="(2, 2, 8)", w=3, g=2, o=1),
+            "the optimizer state 8.0 GB, expected 12.0 GB"),
+        "ZeRO-1 shards the gradients too": (FORMULA.format(mixed="(2, 2, 12)", w=3, g=1, o=1),
+            "Stage 1 does not shard the gradients"),
+        "plain DP divided by P as well": (FORMULA.format(mixed="(2, 2, 12)", w=0, g=0, o=0),
+            "Stage 0 is plain DDP: nothing is divided"),
+        "ZeRO-3 leaves the weights whole": (FORMULA.format(mixed="(2, 2, 12)", w=4, g=2, o=1), "Stage 3 shards the weights"),
     },
     ("13_sharded_dp.ipynb", "exercise 2"): {
-        "no broadcast: every rank keeps its old copy of the others' shares": Lab("sharded_optimizer.py", STEP, "self.local.step()"),
-        "the parameters all-reduced (summed) instead of broadcast": Lab("sharded_optimizer.py", STEP, """
+        "no broadcast: every rank keeps its old copy of the others' shares": (Lab("sharded_optimizer.py", STEP, "self.local.step()"),
+            "every parameter must reach every rank from its owner"),
+        "the parameters all-reduced (summed) instead of broadcast": (Lab("sharded_optimizer.py", STEP, """
             self.local.step()
             for p in self.params:
-                dist.all_reduce(p)"""),
-        "every rank's optimizer over all the parameters": Lab("sharded_optimizer.py", LOCAL,
+                dist.all_reduce(p)"""), "every parameter must reach every rank from its owner"),
+        "every rank's optimizer over all the parameters": (Lab("sharded_optimizer.py", LOCAL,
                                                               "self.local = optimizer_cls(self.params, **kwargs)"),
-        "AdamW written in, optimizer_cls ignored": Lab("sharded_optimizer.py", LOCAL,
+            "each rank's optimizer must hold its own parameters (self.mine) only"),
+        "AdamW written in, optimizer_cls ignored": (Lab("sharded_optimizer.py", LOCAL,
                                                        "self.local = torch.optim.AdamW(self.mine, **kwargs)"),
+            "unexpected keyword argument 'momentum'"),
     },
     ("13_sharded_dp.ipynb", "exercise 3"): {
-        "the partial output returned as it is": Lab("beyond_dp.py", SUM, "return partial"),
-        "the mean of the partial outputs": Lab("beyond_dp.py", SUM, """
+        "the partial output returned as it is": (Lab("beyond_dp.py", SUM, "return partial"),
+            "not the whole MLP's. Each rank's partial output is its hidden units' share"),
+        "the mean of the partial outputs": (Lab("beyond_dp.py", SUM, """
             total = partial.clone()
             dist.all_reduce(total)
             return total / dist.get_world_size()"""),
-        "summed on rank 0 only (reduce)": Lab("beyond_dp.py", SUM, """
+            "not the whole MLP's. Each rank's partial output is its hidden units' share"),
+        "summed on rank 0 only (reduce)": (Lab("beyond_dp.py", SUM, """
             total = partial.clone()
             dist.reduce(total, dst=0)
-            return total"""),
+            return total"""), "not the whole MLP's. Each rank's partial output is its hidden units' share"),
     },
 }

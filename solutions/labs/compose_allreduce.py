@@ -118,6 +118,9 @@ def check(args, env, log):
                 return False
             except (RuntimeError, ValueError, AssertionError) as err:  # the same on every rank
                 why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
+                if t.numel() % world_size:  # the usual cause: chunks of unequal sizes
+                    why += (f" ({t.numel()} values do not split evenly over {world_size} ranks: pad t to a multiple "
+                            f"of {world_size} first, and cut the padding off at the end)")
                 problem = (i, why)
                 break
             # DDP: the first rank (if any) that got this case wrong, known to every rank

@@ -291,11 +291,13 @@ _ECHOES = ("Horovod has been shut down", "lost another rank")
 
 
 def _cause(lines: list[str]) -> str:
-    """The last error a rank printed ('[rank1]: TypeError: ...'), else its last line: for a one-line verdict."""
+    """The last error a rank printed ('[rank1]: TypeError: ...', or a C++ exception that ended it:
+    '[rank0]:  what():  [enforce fail at ...'), else its last line, for a one-line verdict. What the other
+    ranks say once one has failed (_ECHOES) is the cause only when nothing else was said."""
     said = [line for line in lines if line.split(":", 1)[-1].strip() not in ("", "Terminated", "Killed")]
-    errors = [line for line in said if re.match(r"\[rank\d+\]:\s*[\w.]*(Error|Exception|Exit)\w*: ", line)
-              and not any(echo in line for echo in _ECHOES)]
-    return (errors or said or [""])[-1].strip()
+    first_hand = [line for line in said if not any(echo in line for echo in _ECHOES)]
+    errors = [line for line in first_hand if re.match(r"\[rank\d+\]:\s*([\w.]*(Error|Exception|Exit)\w*: |what\(\): )", line)]
+    return (errors or first_hand or said or [""])[-1].strip()
 
 
 def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
