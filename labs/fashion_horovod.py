@@ -167,7 +167,7 @@ def main(args):
     # Data. Rank 0 stages the files first; the others wait, then read the same verified copy.
     if rank != 0:
         hvd.barrier()  # Horovod: wait for rank 0's copy: one download, not one per rank
-    train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device)
+    train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device, first=args.train_images)
     test_set = InMemoryFashionMNIST(args.data_root, train=False, device=device)
     if rank == 0:
         hvd.barrier()  # Horovod: the data is there; let the others in
@@ -360,6 +360,7 @@ def parse_args(argv=None):
                                 formatter_class=Defaults)
     p.add_argument("--data-root", default=None, help="FashionMNIST folder (default: $DPCOURSE_DATA or data/)")
     p.add_argument("--epochs", type=int, default=3, help="passes over the training set")
+    p.add_argument("--train-images", type=int, default=None, help="train on the first N images only (quick checks; the test set stays whole)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
     p.add_argument("--batch-size", type=int, default=None, help="per worker (global = this × world size)")

@@ -138,6 +138,18 @@ def test_in_memory_dataset_matches_torchvision_per_sample(fashion_root):
     assert abs(fast[torch.arange(len(fast))][0].mean().item()) < 0.05  # normalised
 
 
+def test_the_first_n_images_are_the_splits_first_and_a_bad_n_is_one_message(fashion_root):
+    """--train-images N of the FashionMNIST labs: a quick run on the first N images; the sampler over the
+    dataset then draws indices below N, which also index torchvision's dataset the same way."""
+    whole, first = InMemoryFashionMNIST(fashion_root, train=True), InMemoryFashionMNIST(fashion_root, train=True, first=600)
+    assert len(first) == 600
+    idx = torch.tensor([0, 299, 599])
+    assert torch.equal(first[idx][0], whole[idx][0]) and torch.equal(first[idx][1], whole[idx][1])
+    for bad in (0, 60_001):
+        with pytest.raises(CourseError, match="give a number from 1 to 60,000"):
+            InMemoryFashionMNIST(fashion_root, train=True, first=bad)
+
+
 def test_a_bad_download_is_refused_and_removed(tmp_path, monkeypatch):
     """A mirror that serves the wrong bytes: torchvision's MD5 check fails, nothing is left in raw/."""
     import http.server

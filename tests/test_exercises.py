@@ -162,7 +162,7 @@ WRONG.update({
             "does the lab call sampler.set_epoch(epoch) every epoch?"),
         "every rank samples the whole set": (Lab("fashion_ddp.py", "a DistributedSampler over train_set", """
             sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed, drop_last=True)"""),
-            "does each rank get 30,000 of the 60,000 images?"),
+            "does each rank get 3,000 of the 6,000 images?"),
         "the evaluation's all_reduce forgotten": (Lab("fashion_ddp.py", "sum the three totals", "pass"),
             "sum the totals over all ranks"),
     },

@@ -238,8 +238,8 @@ ALLOWED = [
           (LAB, '"--powersgd-start", type=int, default=10')),
     allow("solutions/08_*.ipynb", "4× ", "arithmetic: one all-reduce per 4 micro-batches", (STUDY_08, '"--accumulate", "4"')),
     allow("solutions/08_*.ipynb", "grow 8-fold", "arithmetic: the linear rule's factor at a global batch of 1,024 (1,024 / 128)"),
-    allow("solutions/11_*.ipynb", "2 epochs of 10 big steps", SETTING + ": the check's G = 6000 and --epochs 2",
-          ("solutions/11_horovod.ipynb", "G = 6000")),
+    allow("solutions/11_*.ipynb", "2 epochs of 10 steps", SETTING + ": the check's N, G = 6000, 600 and --epochs 2",
+          ("solutions/11_horovod.ipynb", "N, G = 6000, 600")),
     allow("solutions/11_*.ipynb", "240 steps", SETTING, ("solutions/11_horovod.ipynb", '"--max-steps", 240')),
     allow("solutions/11_*.ipynb", "600 steps", SETTING + ": the study's runs", ("results/11_horovod/study.py", '"--max-steps", "600"')),
     allow("solutions/11_*.ipynb", "0.5 %", "the tolerance of the lab's tests: a definition", ("tests/test_horovod.py", "<= 0.005")),
@@ -260,7 +260,7 @@ ALLOWED = [
     allow("solutions/04_*.ipynb", ("α ≈ 100 µs", "β ≈ 1 ns"), "example values in a formula; the cell computes the "
           "crossover from the fitted ones"),
     allow("solutions/05_*.ipynb", "1 MiB", "torch's default first bucket (_DEFAULT_FIRST_BUCKET_BYTES): a definition"),
-    allow("solutions/0[56]_*.ipynb", "10 steps per epoch", "arithmetic: 60,000 images / a global batch of 6,000"),
+    allow("solutions/0[56]_*.ipynb", "10 steps per epoch", "arithmetic: --train-images 6000 / a global batch of 600"),
     allow("solutions/06_*.ipynb", "7.8 MB", "the size of FashionMNIST's test-image file: a fact of the data set"),
     allow("solutions/06_*.ipynb", ("20 MB/s", "0.15 s", "6 steps"), SETTING + ": the simulated download and the run"),
     allow("solutions/09_*.ipynb", ("120 s before", "100 steps", "60 steps", "60 s"), SETTING + ": the templates' "

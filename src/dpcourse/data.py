@@ -280,8 +280,15 @@ class InMemoryFashionMNIST(torch.utils.data.Dataset):
     """
 
     def __init__(self, root=None, train: bool = True, device: str | torch.device = "cpu",
-                 download: bool = True):
+                 download: bool = True, first: int | None = None):
+        """``first``: keep only the split's first N images (a quick run; a sampler over this set then
+        draws from those N, in any loader that it feeds)."""
         images, labels = load_fashion_mnist(root, train, download)
+        if first is not None:
+            if not 0 < first <= len(labels):
+                raise CourseError(f"the first {first:,} images: the {'training' if train else 'test'} set has "
+                                  f"{len(labels):,}; give a number from 1 to {len(labels):,}.")
+            images, labels = images[:first], labels[:first]
         self.images = images.to(device)
         self.labels = labels.to(device)
 
