@@ -4,7 +4,7 @@ import re
 import sys
 
 from conftest import ROOT, run
-from workgroups import group
+from workgroups import _rank, durations, group
 
 
 def test_tests_that_share_state_share_a_group():
@@ -64,3 +64,44 @@ def test_a_slurm_test_outside_the_listed_modules_stops_the_run(tmp_path):
     assert done.returncode != 0 and "passed" not in done.stdout, done.stdout
     said = done.stdout.split("add their modules to SLURM_MODULES in tests/workgroups.py", 1)
     assert len(said) == 2 and "'test_new.py::test_on_slurm'" in said[1] and "test_plain" not in said[1], done.stdout
+
+
+def test_groups_start_longest_first_by_their_measured_time(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text('<testsuites><testsuite name="pytest">'
+                     '<testcase classname="solutions.03_collectives.ipynb" name="Cell 0" time="1.5"/>'
+                     '<testcase classname="tests.test_exercises" name="test_check_rejects_wrong_answers[03-exercise 1]" time="40"/>'
+                     '<testcase classname="tests.test_launch" name="test_a" time="2"/>'
+                     '<testcase classname="tests.test_launch" name="test_b[x]" time="3.25"/>'
+                     '<testcase classname="tests.test_slurm" name="test_c" time="9"/>'
+                     '</testsuite></testsuites>')
+    measured = durations(junit)
+    assert measured == {"notebook 03": 41.5, "slurm": 9.0, "tests/test_launch.py": 5.2}, measured
+
+    class Item:
+        def __init__(self, nodeid, slow=False):
+            self.nodeid, self.slow = nodeid, slow
+
+        def get_closest_marker(self, name):
+            return self.slow if name == "slow" else None
+
+    items = [Item("tests/test_launch.py::test_a"), Item("tests/test_new.py::test_x"),
+             Item("tests/test_new_slow.py::test_y", slow=True), Item("solutions/03_collectives.ipynb::Cell 0"),
+             Item("tests/test_slurm.py::test_c")]
+    order = sorted(items, key=lambda item: _rank(item, measured))
+    # Slurm's first whatever it measured; then the longest; a new slow module guessed at a minute, a new other at 10 s
+    assert [group(i.nodeid) for i in order] == ["slurm", "tests/test_new_slow.py", "notebook 03", "tests/test_new.py",
+                                                "tests/test_launch.py"]
+
+
+def test_the_committed_durations_name_the_groups_of_this_suite():
+    """tests/durations.json only orders the groups; a name in it that no test has any more is a stale
+    measurement: measure again (the command is in tests/workgroups.py)."""
+    import json
+
+    measured = json.loads((ROOT / "tests" / "durations.json").read_text())
+    modules = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")}
+    notebooks = {f"notebook {p.name[:2]}" for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")}
+    stale = set(measured) - modules - notebooks - {"slurm"}
+    assert not stale, f"tests/durations.json names groups that are gone: {stale}"
+    assert measured["slurm"] > max(v for k, v in measured.items() if k != "slurm"), "Slurm's group is the longest"

@@ -16,7 +16,11 @@ pytest 9.2 no longer lets it do; this scheduler groups from the node id alone, o
 """
 from __future__ import annotations
 
+import json
 import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -65,24 +69,37 @@ def pytest_xdist_make_scheduler(config, log):
     return GroupScheduling(config, log)
 
 
-def _rank(item) -> int:
-    """Which groups start first: the longest ones, so that the run does not end on one of them while
-    the other worker idles. Slurm's (a third of the suite), then the notebooks' (their wrong answers
-    run labs; their cells, compared from make course's run, take seconds), the modules with
-    multi-process runs, then the other modules."""
+# How long each group took in a measured `make test` (seconds, both workers' junit times summed per group):
+# only the order in which the groups start depends on it. Measure again after adding or moving slow tests:
+#     make test PYTEST_ARGS=--junitxml=/tmp/junit.xml && .venv/bin/python tests/workgroups.py /tmp/junit.xml
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _measured() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _rank(item, measured: dict[str, float]) -> tuple[int, float]:
+    """Which groups start first: the longest ones, so that the run ends on short groups on both
+    workers, not on a long one while the other worker idles (the longest first is the classic rule for
+    two machines). Slurm's (a third of the suite) first; then by measured time. A group not measured yet
+    is guessed: a notebook's (its wrong answers run labs) or one with multi-process runs (slow) at a
+    minute, another at ten seconds."""
     name = group(item.nodeid)
     if name == "slurm":
-        return 0
-    if name.startswith("notebook"):
-        return 1
-    return 2 if item.get_closest_marker("slow") else 3
+        return 0, 0.0
+    guess = 60.0 if name.startswith("notebook") or item.get_closest_marker("slow") else 10.0
+    return 1, -measured.get(name, guess)
 
 
 def pytest_collection_modifyitems(session, config, items):
     if config.getoption("loadgroup", default=False):  # on a worker of --dist loadgroup: the groups' order (stable)
-        first = {}
+        first, measured = {}, _measured()
         for item in items:
-            first.setdefault(group(item.nodeid), (_rank(item), len(first)))
+            first.setdefault(group(item.nodeid), (_rank(item, measured), len(first)))
         items.sort(key=lambda item: first[group(item.nodeid)])
     strays = [item.nodeid for item in items
               if {"slurm", "slurm_cluster"} & set(getattr(item, "fixturenames", ())) and group(item.nodeid) != "slurm"]
@@ -93,3 +110,19 @@ def pytest_collection_modifyitems(session, config, items):
             raise pytest.UsageError(why)
         items.clear()  # on an xdist worker a UsageError crashes the controller: stop the run with the reason
         session.shouldstop = why
+
+
+def durations(junit: str | Path) -> dict[str, float]:
+    """Seconds per group from a junit XML of the suite (pytest --junitxml)."""
+    out: dict[str, float] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        module, _, rest = case.get("classname", "").partition(".")
+        path = f"{module}/{rest}" + ("" if rest.endswith(".ipynb") else ".py")  # tests.test_x / solutions.01_x.ipynb
+        name = group(f"{path}::{case.get('name')}")
+        out[name] = round(out.get(name, 0.0) + float(case.get("time", 0)), 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+if __name__ == "__main__":  # python tests/workgroups.py JUNIT.xml: write tests/durations.json
+    DURATIONS.write_text(json.dumps(durations(sys.argv[1]), indent=1) + "\n")
+    print(f"wrote {DURATIONS}")
