@@ -197,8 +197,66 @@ def test_make_check_reports_each_exercise():
     for name, names in checks.items():
         for check in names:
             assert f"✗ {name}: {check} — not done yet" in out, out
-    assert "fails" not in out and "\n! " not in out, out  # no other verdict, no other cell's error
+    # no other verdict, no other cell's error; the copies cut after their first lab check lack the rest, said so
+    notes = [line for line in out.splitlines() if line.startswith("! ")]
+    assert all("and so is the cell before it: not graded" in line for line in notes), notes
+    assert {line.split(":", 1)[0][2:] for line in notes} <= set(UNTOUCHED_WITH_LABS), notes
+    assert "fails" not in out, out
     assert f"1 of {2 + sum(map(len, checks.values()))} exercises pass." in out
+
+
+def test_make_check_grades_with_the_courses_checks_not_the_learners_copy():
+    """A learner solves exercise 1 of notebook 01 wrongly (the learning rate forgotten), edits its check to pass,
+    and deletes exercise 2's check: make check grades with the course's checks, from solutions/, and says so."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="check-", dir=ROOT / "build"))
+    try:
+        path = folder / "01_minibatch_sgd.ipynb"
+        nb = nbformat.read(ROOT / "notebooks" / path.name, as_version=4)
+        for cell in nb.cells:
+            if "def sgd_step" in cell.source:
+                cell.source = re.sub(r"# YOUR CODE HERE\n(\s*#.*\n)*\s*raise NotImplementedError\(.*\)",
+                                     "p -= p.grad\n            p.grad = None", cell.source)
+        checks = [cell for cell in nb.cells if "check" in cell.metadata.get("tags", [])]
+        checks[0].source = "# CHECK: exercise 1 — the SGD update step\npass  # mine"
+        nb.cells.remove(checks[1])
+        nbformat.write(nb, path)
+        before = path.read_text()
+        result = run([sys.executable, "-m", "dpcourse.course", "check", str(folder)], timeout=300)
+        assert path.read_text() == before, "make check changed the learner's file"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert "! 01_minibatch_sgd.ipynb: the check of exercise 1 in your copy differs from the course's" in out, out
+    assert "! 01_minibatch_sgd.ipynb: the check of exercise 2 is missing from your copy" in out, out
+    assert "✗ 01_minibatch_sgd.ipynb: exercise 1 — the SGD update step — fails: AssertionError: expected [-0.5, 0.0], got [-2.0, 2.0]" in out, out
+    assert re.search(r"^✗ 01_minibatch_sgd.ipynb: exercise 2 — .* — not done yet$", out, re.M), out
+    assert "0 of 2 exercises pass." in out, out
+
+
+def test_course_checks_go_back_where_they_were():
+    """with_course_checks: a deleted check goes back after the cell that precedes it in the course; an untagged
+    copy of a check, found by its id, is the course's check again; other cells are the learner's."""
+    from dpcourse.course import with_course_checks
+
+    code = nbformat.v4.new_code_cell
+    course = nbformat.v4.new_notebook(cells=[
+        code("x = 1", id="a"), code("# CHECK: exercise 1 — one\nassert x == 1", id="c1", metadata={"tags": ["check"]}),
+        code("y = 2", id="b"), code("# CHECK: exercise 2 — two\nassert y == 2", id="c2", metadata={"tags": ["check"]})])
+    mine = nbformat.v4.new_notebook(cells=[code("x = 5", id="a"), code("# my check\npass", id="c1"), code("y = 7", id="b")])
+    graded, notes = with_course_checks(mine, course)
+    assert [c.source for c in graded.cells] == ["x = 5", course.cells[1].source, "y = 7", course.cells[3].source]
+    assert all("check" in graded.cells[i].metadata["tags"] for i in (1, 3))
+    assert notes == ["the check of exercise 1 in your copy differs from the course's: graded with the course's "
+                     "(your file keeps yours)", "the check of exercise 2 is missing from your copy: graded with the course's"]
+    untouched, none = with_course_checks(course, course)
+    assert none == [] and [c.source for c in untouched.cells] == [c.source for c in course.cells]
+    # a copy that lost a whole part (the cell before the check too): the check is named, not run out of place
+    fragment, notes = with_course_checks(nbformat.v4.new_notebook(cells=course.cells[:2]), course)
+    assert [c.source for c in fragment.cells] == [c.source for c in course.cells[:2]]
+    assert notes == ["the check of exercise 2 is missing from your copy, and so is the cell before it: not graded "
+                     "(copy the notebook again to get that part back)"]
 
 
 def learner_notebooks(folder: Path) -> None:

@@ -343,6 +343,44 @@ def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
     return results
 
 
+def _check_name(cell) -> str:
+    first = cell.source.splitlines()[0] if cell.source else ""
+    return first.split("CHECK:", 1)[-1].split("—", 1)[0].strip() if "CHECK:" in first else ""
+
+
+def with_course_checks(nb, course) -> tuple[object, list[str]]:
+    """The learner's notebook ``nb`` with every check cell as the course's notebook ``course`` has it:
+    what make check grades with, so that a check edited or deleted in a copy is not a silent pass.
+    A check is found by its cell id, else by its name ("exercise 2"); one that is missing goes back
+    after the cell that precedes it in the course, when that cell is there (a check deleted from its
+    place); when that cell is gone too, the copy has lost that part of the notebook, and the check is
+    named but not run. Returns (the notebook to run, one note per check that was changed or missing
+    in the learner's copy). The learner's file is not touched."""
+    nb = nbformat.from_dict(nb)
+    notes = []
+    for k, cell in enumerate(course.cells):
+        if not _is_check(cell):
+            continue
+        name = _check_name(cell) or "a check"
+        mine = [i for i, c in enumerate(nb.cells) if c.get("id") == cell.get("id")] or \
+               [i for i, c in enumerate(nb.cells) if _is_check(c) and _check_name(c) == _check_name(cell)]
+        ours = nbformat.from_dict({**cell, "outputs": [], "execution_count": None})
+        if mine:
+            if nb.cells[mine[0]].source != cell.source or not _is_check(nb.cells[mine[0]]):
+                notes.append(f"the check of {name} in your copy differs from the course's: graded with the "
+                             "course's (your file keeps yours)")
+            nb.cells[mine[0]] = ours
+            continue
+        ids = [c.get("id") for c in nb.cells]
+        if k and course.cells[k - 1].get("id") in ids:
+            nb.cells.insert(ids.index(course.cells[k - 1].get("id")) + 1, ours)
+            notes.append(f"the check of {name} is missing from your copy: graded with the course's")
+        else:
+            notes.append(f"the check of {name} is missing from your copy, and so is the cell before it: "
+                         "not graded (copy the notebook again to get that part back)")
+    return nb, notes
+
+
 def _shown(folder: Path) -> str:
     """``folder`` as the learner would type it: relative to here when it is below here."""
     try:
@@ -370,11 +408,17 @@ def check_learner(folder: Path, prefix: str = "") -> int:
     passed = failed = skipped = 0
     for path in paths:
         nb = nbformat.read(path, as_version=4)
+        source = top / "solutions" / path.name if top else None  # the course's checks: the single source
+        notes = []
+        if source is not None and source.exists():
+            nb, notes = with_course_checks(nb, nbformat.read(source, as_version=4))
         if not any(map(_is_check, nb.cells)):
             print(f"- {path.name}: no exercises here")
             continue
         print(f"  running {path.name} ...", flush=True)
-        nb, _, stopped = execute(path, allow_errors=True)
+        for note in notes:
+            print(f"! {path.name}: {note}", flush=True)
+        nb, _, stopped = execute(path, allow_errors=True, nb=nb)
         for mark, text in check_results(nb, stopped):
             print(f"{mark} {path.name}: {text}", flush=True)
             passed, failed, skipped = passed + (mark == "✓"), failed + (mark == "✗"), skipped + (mark == "○")
