@@ -79,7 +79,18 @@ OTHER = {
         "square-root scaling": fix("unscaled_lr", "lr = args.lr * (global_batch / args.batch_size) ** 0.5",
                                    "lr 0.0226274 for a global batch of 512"),
     },
-    "skipped_collective": {},  # any other skipped collective hangs the same way: the bug is enough
+    "skipped_collective": {  # any other skipped collective hangs the same way as the bug
+        "every rank evaluates and prints": fix("skipped_collective", """
+            accuracy = evaluate(model, test, rank, world_size)
+            print(f"test accuracy {accuracy:.4f} after {args.steps} steps", flush=True)""", "and only rank 0 prints"),
+        "rank 0 tests its own share, no collective": fix("skipped_collective", """
+            if rank == 0:
+                x, y = test[torch.arange(0, len(test), world_size)]
+                with torch.no_grad():
+                    accuracy = (model(x.flatten(1)).argmax(1) == y).double().mean().item()
+                print(f"test accuracy {accuracy:.4f} after {args.steps} steps", flush=True)""",
+                                                         "is every test image counted once"),
+    },
     "shape_mismatch": {
         "padded but never cut": fix("shape_mismatch", """
             padded = torch.cat([wrong, wrong.new_zeros(len(shard) - len(wrong))])
