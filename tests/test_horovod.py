@@ -187,3 +187,35 @@ def test_notebook_11_without_horovod_shows_the_committed_run(tmp_path, monkeypat
                                         "here (make horovod, then restart the kernel)")]
     assert "$ horovodrun" not in said and "$ mpirun" not in said, said  # nothing trained: the committed run is shown
     print(f"notebook 11 without Horovod: {seconds:.1f} s")
+
+
+@needs_horovod
+def test_notebook_11s_measure_branch_runs_one_round(tmp_path, capsys):
+    """Notebook 11 shows the committed study unless MEASURE = True, which measures on the learner's machine:
+    that branch runs here, one round of short runs (the four runs of a round, 60 steps each), from its
+    imports cell, and gives the same table and verdicts as the committed study does."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "solutions" / "11_horovod.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("MEASURE = False"))
+    source = cell.source.replace("MEASURE = False", "MEASURE = True", 1)
+    source = source.replace("ROUNDS, STEPS = 3, 600", "ROUNDS, STEPS = 1, 60", 1)
+    assert "ROUNDS, STEPS = 1, 60" in source, "the MEASURE cell no longer sets ROUNDS and STEPS on its second line"
+    shown = []
+    namespace = {"__name__": "__main__"}
+    cwd = os.getcwd()
+    os.chdir(ROOT / "solutions")
+    try:
+        exec(compile(nb.cells[1].source, "imports cell", "exec"), namespace)
+        namespace["display"] = shown.append  # the verdict, as Markdown
+        exec(compile(source, "MEASURE cell", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    out = capsys.readouterr().out
+    assert "from results/11_horovod" not in out, out  # measured here, not read from the study
+    assert {k: len(v) for k, v in namespace["rounds"].items()} == dict.fromkeys(
+        ["DDP plain", "DDP wrapped", "Horovod plain", "Horovod wrapped"], 1)
+    assert all(v > 0 for v in namespace["overhead"].values()), namespace["overhead"]
+    for lib in ("DDP", "Horovod"):
+        assert f"{lib:8s} plain" in out, out
+    assert len(shown) == 1 and "**DDP:**" in shown[0].data and "**Horovod:**" in shown[0].data, shown

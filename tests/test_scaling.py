@@ -1,6 +1,7 @@
 """dpcourse.scaling and dpcourse.plots: a real study (torchrun, FashionMNIST), its resume, its maths."""
 import hashlib
 import json
+import os
 import re
 import sys
 
@@ -279,3 +280,42 @@ def test_the_committed_study_is_what_its_command_made():
                 last = r["step"]
         assert closing and all("split_ms" in r and "comm_bytes" in r for r in closing), name
         assert done["test_images"] == 10_000, name
+
+
+# ------------------------------------------------------------------ notebook 11's committed study
+def test_notebook_11s_committed_study_is_what_its_command_made():
+    """results/11_horovod: the commands in study.json are the ones study.py runs, in its order (2 side-by-side
+    runs, then ROUNDS rounds of plain and wrapped on one process); the two side-by-side logs are complete runs
+    of those options; overhead.json is the median of study.json's rounds, as notebook 11 reads it."""
+    import importlib.util
+    import shlex
+    import statistics
+
+    from dpcourse.metrics import read_log
+
+    here = ROOT / "results" / "11_horovod"
+    spec = importlib.util.spec_from_file_location("study11", here / "study.py")
+    study_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study_py)
+    study = json.loads((here / "study.json").read_text())
+
+    def shown(cmd, threads):  # as study.run records a command: paths relative to the checkout
+        return f"OMP_NUM_THREADS={threads} " + shlex.join(
+            os.path.relpath(c, study_py.ROOT) if c.startswith("/") else c for c in cmd)
+
+    side = [shown(study_py.command(lab, 2, study_py.SIDE_BY_SIDE, here / f"{name}.jsonl"), 1)
+            for name, lab in (("ddp", study_py.DDP), ("horovod", study_py.HVD))]
+    rounds = [shown(study_py.command(lab, 1, study_py.ONE + extra, here / "tmp.jsonl"), 2)
+              for _ in range(study_py.ROUNDS)
+              for lab, plain in ((study_py.DDP, "--no-ddp"), (study_py.HVD, "--no-hvd"))
+              for extra in ([plain], [])]
+    assert [r["command"] for r in study["runs"]] == side + rounds, "run study.py again: study.json is not its runs"
+    assert all(len(v) == study_py.ROUNDS for v in study["rounds"].values()), study["rounds"]
+    overhead = json.loads((here / "overhead.json").read_text())
+    assert overhead == {k: statistics.median(v) for k, v in study["rounds"].items()}
+    steps = int(study_py.SIDE_BY_SIDE[study_py.SIDE_BY_SIDE.index("--max-steps") + 1])
+    for name, framework in (("ddp", None), ("horovod", "horovod")):
+        records = read_log(here / f"{name}.jsonl")
+        first, done = records[0], records[-1]
+        assert (first["world_size"], first["global_batch"], first.get("framework")) == (2, 128, framework), name
+        assert (done["event"], done["step"], done["stop"], done["test_images"]) == ("done", steps, "max_steps", 10_000), name
