@@ -36,7 +36,7 @@ from dpcourse.course import BEGIN, END
 
 matplotlib.use("Agg")
 
-# (notebook, check name) → {what the learner got wrong: the code between the solution markers}
+# (notebook, check name) → {what the learner got wrong: (the code between the solution markers, what the check must say)}
 WRONG = {
     ("01_minibatch_sgd.ipynb", "exercise 1"): {
         "gradient not cleared": ("p -= lr * p.grad", "the gradient must be cleared"),

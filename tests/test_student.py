@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
@@ -166,29 +167,39 @@ def up_to_a_lab_check(nb):
     return [cell.source.splitlines()[0].split("CHECK:", 1)[1].strip() for cell in cells if is_check(cell)]
 
 
+@contextmanager
+def learner_folder():
+    """A learner's folder in the checkout (build/ is git's to ignore), as notebooks/ is: its notebooks find
+    labs/ and the course folder (and make check the course's checks in solutions/). Removed afterwards."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="check-", dir=ROOT / "build"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def notebook_01_with(update: str):
+    """The learner's notebook 01 with exercise 1 (sgd_step's stub) answered by ``update``."""
+    nb = nbformat.read(ROOT / "notebooks" / "01_minibatch_sgd.ipynb", as_version=4)
+    for cell in nb.cells:
+        if "def sgd_step" in cell.source:
+            cell.source = re.sub(r"# YOUR CODE HERE\n(\s*#.*\n)*\s*raise NotImplementedError\(.*\)", update, cell.source)
+    return nb
+
+
 @pytest.mark.slow
 def test_make_check_reports_each_exercise():
     """A learner completes exercise 1 of notebook 01 and leaves exercise 2: check says so. Notebooks 04, 06 and
     09, untouched, are "not done yet" at each exercise up to their first check that runs a lab, that one included."""
-    (ROOT / "build").mkdir(exist_ok=True)
-    # In the checkout (build/ is git's to ignore), as notebooks/ is: its notebooks find labs/ and the course folder.
-    folder = Path(tempfile.mkdtemp(prefix="check-", dir=ROOT / "build"))
-    try:
-        path = folder / "01_minibatch_sgd.ipynb"
-        nb = nbformat.read(ROOT / "notebooks" / path.name, as_version=4)
-        for cell in nb.cells:
-            if "def sgd_step" in cell.source:
-                cell.source = re.sub(r"# YOUR CODE HERE\n(\s*#.*\n)*\s*raise NotImplementedError\(.*\)",
-                                     "p -= lr * p.grad\n            p.grad = None", cell.source)
-        nbformat.write(nb, path)
+    with learner_folder() as folder:
+        nbformat.write(notebook_01_with("p -= lr * p.grad\n            p.grad = None"), folder / "01_minibatch_sgd.ipynb")
         checks = {}
         for name in UNTOUCHED_WITH_LABS:
             nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
             checks[name] = up_to_a_lab_check(nb)
             nbformat.write(nb, folder / name)
         result = run([sys.executable, "-m", "dpcourse.course", "check", str(folder)], timeout=300)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     out = result.stdout
     assert result.returncode == 1, out
     assert "✓ 01_minibatch_sgd.ipynb: exercise 1 — the SGD update step — pass" in out
@@ -208,15 +219,9 @@ def test_make_check_reports_each_exercise():
 def test_make_check_grades_with_the_courses_checks_not_the_learners_copy():
     """A learner solves exercise 1 of notebook 01 wrongly (the learning rate forgotten), edits its check to pass,
     and deletes exercise 2's check: make check grades with the course's checks, from solutions/, and says so."""
-    (ROOT / "build").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="check-", dir=ROOT / "build"))
-    try:
+    with learner_folder() as folder:
         path = folder / "01_minibatch_sgd.ipynb"
-        nb = nbformat.read(ROOT / "notebooks" / path.name, as_version=4)
-        for cell in nb.cells:
-            if "def sgd_step" in cell.source:
-                cell.source = re.sub(r"# YOUR CODE HERE\n(\s*#.*\n)*\s*raise NotImplementedError\(.*\)",
-                                     "p -= p.grad\n            p.grad = None", cell.source)
+        nb = notebook_01_with("p -= p.grad\n            p.grad = None")
         checks = [cell for cell in nb.cells if "check" in cell.metadata.get("tags", [])]
         checks[0].source = "# CHECK: exercise 1 — the SGD update step\npass  # mine"
         nb.cells.remove(checks[1])
@@ -224,8 +229,6 @@ def test_make_check_grades_with_the_courses_checks_not_the_learners_copy():
         before = path.read_text()
         result = run([sys.executable, "-m", "dpcourse.course", "check", str(folder)], timeout=300)
         assert path.read_text() == before, "make check changed the learner's file"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     out = result.stdout
     assert result.returncode == 1, out
     assert "! 01_minibatch_sgd.ipynb: the check of exercise 1 in your copy differs from the course's" in out, out
