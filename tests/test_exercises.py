@@ -178,7 +178,7 @@ WRONG.update({
         "the global batch per worker": (Lab("fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=global_batch,
                                 sampler=sampler, num_workers=args.workers, drop_last=True)"""),
-            "each DataLoader batch must be this worker's share of the global batch"),
+            "each DataLoader batch must be this rank's share of the global batch"),
     },
 })
 # More wrong answers live beside this file, one module per notebook: tests/wrong_answers_NN.py,
