@@ -251,8 +251,9 @@ def test_course_checks_go_back_where_they_were():
     graded, notes = with_course_checks(mine, course)
     assert [c.source for c in graded.cells] == ["x = 5", course.cells[1].source, "y = 7", course.cells[3].source]
     assert all("check" in graded.cells[i].metadata["tags"] for i in (1, 3))
-    assert notes == ["the check of exercise 1 in your copy differs from the course's: graded with the course's "
-                     "(your file keeps yours)", "the check of exercise 2 is missing from your copy: graded with the course's"]
+    assert notes == ["the check of exercise 1 in your copy differs from the course's current one (you edited it, or "
+                     "your copy is older than the course): graded with the course's; your file keeps yours",
+                     "the check of exercise 2 is missing from your copy: graded with the course's"]
     untouched, none = with_course_checks(course, course)
     assert none == [] and [c.source for c in untouched.cells] == [c.source for c in course.cells]
     # a copy that lost a whole part (the cell before the check too): the check is named, not run out of place

@@ -367,8 +367,9 @@ def with_course_checks(nb, course) -> tuple[object, list[str]]:
         ours = nbformat.from_dict({**cell, "outputs": [], "execution_count": None})
         if mine:
             if nb.cells[mine[0]].source != cell.source or not _is_check(nb.cells[mine[0]]):
-                notes.append(f"the check of {name} in your copy differs from the course's: graded with the "
-                             "course's (your file keeps yours)")
+                notes.append(f"the check of {name} in your copy differs from the course's current one (you edited "
+                             "it, or your copy is older than the course): graded with the course's; your file keeps "
+                             "yours")
             nb.cells[mine[0]] = ours
             continue
         ids = [c.get("id") for c in nb.cells]
