@@ -1,5 +1,6 @@
-"""dpcourse.allreduce: five all-reduce algorithms over send/recv, their α-β-γ model, the bench CLI,
-and the ring lab (solutions/labs/ring_allreduce.py), in real processes under torchrun.
+"""dpcourse.allreduce: six all-reduce algorithms over send/recv, their α-β-γ model (on one level and
+on two: the node hierarchy), the bench CLI, and the ring lab (solutions/labs/ring_allreduce.py), in
+real processes under torchrun and srun.
 """
 import json
 import math
@@ -14,7 +15,7 @@ from dpcourse.course import STUB_RAISE, student_script
 
 MODULE = ROOT / "src" / "dpcourse" / "allreduce.py"
 LAB = ROOT / "solutions" / "labs" / "ring_allreduce.py"
-SUMMARY = re.compile(r"(\d+) ranks: (\d+) of (\d+) cases agree with dist.all_reduce")
+SUMMARY = re.compile(r"(\d+) ranks \((\d+) node\(s\) of (\d+)\): (\d+) of (\d+) cases agree with dist.all_reduce")
 
 
 # ---------------------------------------------------------------- the model (pure)
@@ -70,7 +71,7 @@ def test_the_explorer_picks_latency_then_bandwidth():
     assert ar.winner(3, 2**26, a, b) == "ring"  # 4M/3 bytes beat 2M
     assert ar.winner(16, 2**26, a, b) == "halving_doubling"  # same bytes as the ring, 8 messages not 30
     table = ar.model_table(3, [2**10, 2**26], a, b)
-    assert set(table) == set(ar.ALGORITHMS) and table["ring"][1] == pytest.approx(ar.cost("ring", 3, 2**26, a, b))
+    assert set(table) == set(ar.FLAT) == set(ar.ALGORITHMS) - {"hierarchical"} and table["ring"][1] == pytest.approx(ar.cost("ring", 3, 2**26, a, b))
 
 
 def test_explorer_builds_with_four_sliders():
@@ -91,6 +92,57 @@ def test_replay_of_hand_made_traces():
         ar.replay([[[("recv", 1, 8)]], [[("recv", 0, 8)]]], 1, 0)
 
 
+# ---------------------------------------------------------------- the node hierarchy (pure)
+def test_two_level_counts_by_hand():
+    """P = 4 as 2 nodes × 2, 1000 float32: the ring crosses a node boundary in each of its 6 steps;
+    the hierarchical one sends half the vector within the node in 2 steps, a quarter across in 2."""
+    assert ar.two_level_path("ring", 4, 2, 1000) == ((0, 0), (6, 6 * 250 * 4), 3 * 250 * 4)
+    assert ar.two_level_path("hierarchical", 4, 2, 1000) == ((2, 2 * 500 * 4), (2, 2 * 250 * 4), (500 + 250) * 4)
+    # P = 6 as 2 × 3, 1200 float32: a third within (4 steps), a sixth across (2 steps)
+    assert ar.two_level_path("hierarchical", 6, 3, 1200) == ((4, 4 * 400 * 4), (2, 2 * 200 * 4), (2 * 400 + 200) * 4)
+    assert ar.two_level_path("ring", 6, 6, 1200) == ((10, 10 * 200 * 4), (0, 0), 5 * 200 * 4)  # one node
+    with pytest.raises(ValueError, match="must divide"):
+        ar.two_level_path("hierarchical", 6, 4, 1200)
+    with pytest.raises(KeyError, match="ring and hierarchical"):
+        ar.two_level_path("tree", 4, 2, 1000)
+
+
+@pytest.mark.parametrize("P, G", [(4, 2), (6, 3), (6, 2), (8, 4), (16, 4), (32, 8)])
+def test_on_one_kind_of_link_the_hierarchy_sends_the_rings_bytes_in_fewer_messages(P, G):
+    n, N = 5040 * 32, P // G
+    ring, hier = ar.critical_path("ring", P, n), ar.critical_path("hierarchical", P, n, G=G)
+    assert hier[1] == ring[1] and hier[2] == ring[2]  # 2(G−1)/G·M + 2(N−1)/(NG)·M = 2(P−1)/P·M
+    assert hier[0] == 2 * (G - 1) + 2 * (N - 1) < ring[0] == 2 * (P - 1)
+    a, b = 1e-5, 1e-9  # one level: the two-level cost with equal links is the one-level cost
+    assert ar.two_level_cost("hierarchical", P, G, 4 * n, (a, b), (a, b)) == pytest.approx(
+        ar.cost("hierarchical", P, 4 * n, a, b, G=G))
+
+
+def test_hierarchy_degenerates_to_the_ring():
+    for G in (1, 4):  # one rank per node, or one node: nothing is left of the hierarchy
+        assert ar.critical_path("hierarchical", 4, 1001, G=G) == ar.critical_path("ring", 4, 1001)
+    assert ar.critical_path("hierarchical", 4, 1001) == ar.critical_path("ring", 4, 1001)  # G=None: one node
+
+
+def test_where_the_hierarchy_wins_on_nvlink_and_infiniband():
+    """4 nodes × 8 GPUs; α, β from the notebook's table (NCCL 2.20.3's per-step latencies; NVLink 4
+    and one NDR NIC per GPU, one direction). The ring pays the network at every step."""
+    nvlink, ib = (3.4e-6, 1 / 450e9), (14e-6, 1 / 50e9)
+    for M in (2**10, 2**20, 2**30):
+        assert ar.two_level_cost("hierarchical", 32, 8, M, nvlink, ib) < ar.two_level_cost("ring", 32, 8, M, nvlink, ib)
+    # large messages: the flat ring sends 2(P−1) messages of M/P through one card; the hierarchy 2(N−1) on each
+    big = 2**30
+    ring, hier = (ar.two_level_cost(a, 32, 8, big, nvlink, ib) for a in ("ring", "hierarchical"))
+    assert ring == pytest.approx(62 * 14e-6 + 62 * big / 32 / 50e9)
+    assert hier == pytest.approx(14 * 3.4e-6 + 14 * big / 8 / 450e9 + 6 * 14e-6 + 6 * big / 32 / 50e9)
+
+
+def test_replay_charges_a_transfer_between_nodes_the_network_price():
+    both = [[[("send", 1, 100), ("recv", 1, 100)]], [[("send", 0, 100), ("recv", 0, 100)]]]
+    assert ar.replay(both, 1.0, 0.01) == pytest.approx(2.0)  # one node
+    assert ar.replay(both, 1.0, 0.01, node_size=1, inter=(10.0, 0.1)) == pytest.approx(20.0)  # two
+
+
 def test_parse_sizes():
     assert ar.parse_sizes("1KiB,3") == [1024, 3]
     assert ar.parse_sizes("1KiB:16KiB:4") == [1024, 4096, 16384]
@@ -102,19 +154,40 @@ def test_parse_sizes():
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_every_algorithm_equals_dist_all_reduce_and_the_model(P, tmp_path):
     """Every algorithm × lengths 1 … 65537 × float32/float64 against dist.all_reduce, and the
-    transfers each made, replayed, against the model's counts. P = 2 adds a 64 MiB vector."""
+    transfers each made, replayed, against the model's counts. P = 2 adds a 64 MiB vector;
+    P = 4 runs as 2 nodes of 2, so that the hierarchical all-reduce is one."""
     log = tmp_path / "check.jsonl"
-    extra = ["--large", "64MiB"] if P == 2 else []
+    extra = ["--large", "64MiB"] if P == 2 else ["--ranks-per-node", "2"] if P == 4 else []
     result = run(torchrun_cmd(P, MODULE, "check", "--json", log, *extra), timeout=240)
     assert result.returncode == 0, result.stdout[-3000:]
     m = SUMMARY.search(result.stdout)
-    assert m and m.group(1) == str(P) and m.group(2) == m.group(3), result.stdout[-2000:]
+    G = 2 if P == 4 else P
+    assert m and m.groups()[:3] == (str(P), str(P // G), str(G)) and m.group(4) == m.group(5), result.stdout[-2000:]
     cases = [json.loads(line) for line in log.read_text().splitlines() if '"case"' in line]
     assert {c["algo"] for c in cases} == set(ar.ALGORITHMS)
-    assert all(c["ok"] and c["counts_ok"] for c in cases)
+    assert all(c["ok"] and c["counts_ok"] and c["ranks_per_node"] == G for c in cases)
     assert {1, 2, 3, 1001, 65537} <= {c["n"] for c in cases} and {c["dtype"] for c in cases} == {"float32", "float64"}
+    two_level = {(c["algo"], c["n"]) for c in cases if c["two_level_ok"]}  # replayed on two levels: the model's
+    assert {("ring", 5040), ("hierarchical", 5040)} <= two_level
+    assert not any(c["two_level_ok"] is False for c in cases)
     if P == 2:
         assert any(c["n"] == 2**24 for c in cases)  # the 64 MiB case ran
+
+
+def test_hierarchical_as_two_nodes_of_three(tmp_path):
+    log = tmp_path / "check.jsonl"
+    result = run(torchrun_cmd(6, MODULE, "check", "--algo", "ring,hierarchical", "--ranks-per-node", "3",
+                              "--json", log), timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "6 ranks (2 node(s) of 3): 40 of 40 cases agree" in result.stdout, result.stdout[-2000:]
+    cases = [json.loads(line) for line in log.read_text().splitlines() if '"case"' in line]
+    assert {(c["algo"], c["n"]) for c in cases if c["two_level_ok"]} == {("ring", 5040), ("hierarchical", 5040)}
+
+
+def test_ranks_that_do_not_divide_into_nodes_are_one_clear_line():
+    result = run([sys.executable, str(MODULE), "check", "--algo", "hierarchical", "--ranks-per-node", "3"], timeout=60)
+    assert result.returncode != 0 and "3 ranks per node do not divide 1 ranks" in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout
 
 
 def test_bench_writes_pingpong_fit_and_every_algorithm(tmp_path):

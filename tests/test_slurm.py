@@ -1,4 +1,5 @@
-"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and on two, sbatch."""
+"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and on two, sbatch;
+and the hierarchical all-reduce on two real nodes."""
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from conftest import AT_ONCE_S, without_torchrun_shutdown_race
 
 pytestmark = pytest.mark.slow
 HELLO = "solutions/labs/hello.py"
+ALLREDUCE = "src/dpcourse/allreduce.py"
 
 
 def assert_hello(output: str, world: int = 2) -> None:
@@ -255,3 +257,11 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
         for name, number in zip(("nodes", "doctor"), jobs):
             (ROOT / f"dpcourse-{name}-{number}.out").unlink(missing_ok=True)
             subprocess.run(["rm", "-rf", str(ROOT / "runs" / f"dpcourse-{name}-{number}")])
+
+
+def test_hierarchical_on_two_slurm_nodes(slurm):
+    """srun puts 2 tasks on each of the 2 nodes: the ranks per node come from Slurm itself."""
+    done = slurm.srun("-N2", "--ntasks-per-node=2", slurm.python, ALLREDUCE, "check", "--algo", "ring,hierarchical",
+                      env={"MASTER_ADDR": "n1"})
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "4 ranks (2 node(s) of 2): 40 of 40 cases agree" in done.stdout, done.stdout[-2000:]

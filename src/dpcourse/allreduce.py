@@ -1,4 +1,4 @@
-"""AllReduce five ways, over ``torch.distributed`` send/recv only, and what each one costs.
+"""AllReduce six ways, over ``torch.distributed`` send/recv only, and what each one costs.
 
     from dpcourse.allreduce import ALGORITHMS, cost
     ALGORITHMS["ring"](t)            # sums t in place across the default group, like dist.all_reduce(t)
@@ -6,6 +6,7 @@
 
     torchrun --nproc-per-node 3 -m dpcourse.allreduce bench --algo all --sizes 1KiB:64MiB:4 --json out.jsonl
     torchrun --nproc-per-node 3 -m dpcourse.allreduce check      # every algorithm against dist.all_reduce
+    torchrun --nproc-per-node 4 -m dpcourse.allreduce check --ranks-per-node 2   # as 2 nodes of 2
     (on GPUs add --backend nccl; the module file also runs as a script: python .../allreduce.py)
 
 The algorithms (P ranks, a message of M bytes):
@@ -16,13 +17,17 @@ The algorithms (P ranks, a message of M bytes):
     tree              binary tree (children 2r+1, 2r+2): reduce up to rank 0, broadcast down
     halving_doubling  the butterfly: reduce-scatter by recursive halving, all-gather by recursive
                       doubling; with P not a power of two, the first 2r ranks pair up first
+    hierarchical      for N nodes of G ranks: ring reduce-scatter within each node, ring
+                      all-reduce of each G-th across the nodes, ring all-gather within each node
 
 The α-β(-γ) model: sending m bytes from one rank to another takes α + m·β (α: latency, β:
 seconds per byte); adding m bytes into a vector takes m·γ (γ = 0: the plain α-β model). A rank
 sends and receives at most one message at a time, both at once (full duplex).
 ``critical_path(algo, P, n, itemsize)`` counts the messages, bytes sent and bytes added on the
 longest chain of dependent steps of *this* implementation; ``cost`` is α·messages + β·bytes +
-γ·added. The ``check`` command replays the transfers and additions the code really made
+γ·added. The node hierarchy: ``two_level_cost`` gives a transfer within a node one (α, β)
+and a transfer between nodes another, for the ring and the hierarchical all-reduce.
+The ``check`` command replays the transfers and additions the code really made
 (``traced``, ``replay``) and compares them with those counts. ``bench`` fits α and β from a
 ping-pong (by default the "exchange" one: every rank sends and receives at once, as in a ring
 step) and γ from timed additions, then times every algorithm and ``dist.all_reduce``.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import statistics
 import sys
@@ -144,13 +150,15 @@ def naive_ring(flat, rank, P):
         outgoing, incoming = incoming, outgoing  # pass on what arrived, not the running sum
 
 
-def ring_reduce_scatter(chunks, rank, P, on_step=None):
+def ring_reduce_scatter(chunks, rank, P, on_step=None, members=None):
     """After P − 1 steps, ``chunks[(rank + 1) % P]`` holds the sum of that chunk over all ranks.
 
     At step s rank r sends chunk (r − s) mod P — its own at s = 0, afterwards the one it has
     just added to — and adds the chunk (r − s − 1) mod P arriving from the left into its own copy.
+    ``members``: a ring of P of the group's ranks, ``rank`` being this rank's place in it
+    (None: the whole group, in rank order).
     """
-    right, left = (rank + 1) % P, (rank - 1) % P
+    right, left = _neighbours(rank, P, members)
     buffer = scratch(chunks[0].numel(), chunks[0])  # chunk 0 is the largest (tensor_split)
     for step in range(P - 1):
         send, recv = chunks[(rank - step) % P], chunks[(rank - step - 1) % P]
@@ -161,14 +169,20 @@ def ring_reduce_scatter(chunks, rank, P, on_step=None):
             on_step("reduce-scatter", step)
 
 
-def ring_all_gather(chunks, rank, P, on_step=None):
+def ring_all_gather(chunks, rank, P, on_step=None, members=None):
     """Each rank starts with the finished chunk (rank + 1) mod P; P − 1 steps pass them round,
-    each received straight into its place."""
-    right, left = (rank + 1) % P, (rank - 1) % P
+    each received straight into its place. (``members`` as for ``ring_reduce_scatter``.)"""
+    right, left = _neighbours(rank, P, members)
     for step in range(P - 1):
         exchange(chunks[(rank + 1 - step) % P], right, chunks[(rank - step) % P], left)
         if on_step:
             on_step("all-gather", step)
+
+
+def _neighbours(place, P, members=None):
+    """The ranks to the right and to the left of place ``place`` in a ring of P."""
+    right, left = (place + 1) % P, (place - 1) % P
+    return (right, left) if members is None else (members[right], members[left])
 
 
 @_in_place
@@ -246,13 +260,52 @@ def halving_doubling(flat, rank, P):
         exchange(send=flat, dst=rank + 1)
 
 
+def ranks_per_node(P: int) -> int:
+    """G, the ranks that share a node: ``DPCOURSE_RANKS_PER_NODE`` if set (to pretend, on one
+    machine, that it is several), else what the launcher says (``dpcourse.dist.env_info``:
+    torchrun's LOCAL_WORLD_SIZE, srun's tasks on this node, mpirun's local size), else P.
+    G must divide P."""
+    from dpcourse.dist import env_info
+
+    info = env_info()
+    G = int(os.environ.get("DPCOURSE_RANKS_PER_NODE") or 0) or (
+        info.local_world_size if info.world_size == P else P)  # a group the launcher did not start: one node
+    if G < 1 or P % G:
+        raise ValueError(f"{G} ranks per node do not divide {P} ranks into whole nodes: set "
+                         "DPCOURSE_RANKS_PER_NODE (or --ranks-per-node) to a divisor of the world size")
+    return G
+
+
+@_in_place
+def hierarchical(flat, rank, P):
+    """Two levels, for N nodes of G ranks (ranks node·G … node·G + G − 1, as launchers place them):
+    a ring reduce-scatter within the node leaves each local rank one G-th of the node's sum;
+    the G ranks of the same local rank, one per node, all-reduce their G-th across the nodes
+    (a ring of N, all G rings at once); a ring all-gather within the node brings it together.
+    Each rank sends 2(N − 1) messages of M/P bytes to other nodes, every one of the node's G ranks on
+    its own link; a flat ring sends all its 2(P − 1) through the link of the rank at the node's edge.
+    Every rank must have the same G (as many ranks on every node)."""
+    G = ranks_per_node(P)
+    N, (node, local) = P // G, divmod(rank, G)
+    in_node = [node * G + i for i in range(G)]
+    across = [k * G + local for k in range(N)]
+    chunks = flat.tensor_split(G)
+    ring_reduce_scatter(chunks, local, G, members=in_node)
+    mine = chunks[(local + 1) % G].tensor_split(N)  # this local rank's G-th, summed over the node
+    ring_reduce_scatter(mine, node, N, members=across)
+    ring_all_gather(mine, node, N, members=across)
+    ring_all_gather(chunks, local, G, members=in_node)
+
+
 ALGORITHMS = {
     "parameter_server": parameter_server,
     "naive_ring": naive_ring,
     "ring": ring,
     "tree": tree,
     "halving_doubling": halving_doubling,
+    "hierarchical": hierarchical,
 }
+FLAT = tuple(a for a in ALGORITHMS if a != "hierarchical")  # one level: every link alike
 
 
 # ---------------------------------------------------------------- the α-β cost model (pure)
@@ -262,6 +315,7 @@ TEXTBOOK = {  # the usual formulas, in units of (α + M·β) unless stated; see 
     "ring": "2(P−1)(α + Mβ/P)",
     "tree": "2·log₂P·(α + Mβ)",
     "halving_doubling": "log₂P·(α + Mβ)  (recursive doubling of whole vectors)",
+    "hierarchical": "2(G−1)(α + Mβ/G) + 2(N−1)(α + Mβ/P), for N nodes of G ranks",
 }
 FORMULAS = {  # what critical_path computes, for M = n·itemsize bytes (n divisible as needed)
     "parameter_server": "2(P−1)(α + Mβ)",
@@ -269,6 +323,7 @@ FORMULAS = {  # what critical_path computes, for M = n·itemsize bytes (n divisi
     "ring": "2(P−1)(α + ⌈n/P⌉·itemsize·β)",
     "tree": "k(P)·(α + Mβ), k = 2, 4, 4, 6, 6, 8, 8 for P = 2…8, 12 for P = 16 (its critical path)",
     "halving_doubling": "2log₂P'·α + 2(P'−1)/P'·Mβ, + 2(α + Mβ) when P ≠ P' = 2^⌊log₂P⌋",
+    "hierarchical": "2(G−1)(α + ⌈n/G⌉·itemsize·β) + 2(N−1)(α + ⌈⌈n/G⌉/N⌉·itemsize·β)",
 }
 
 
@@ -294,13 +349,15 @@ def _tree_steps(P: int) -> tuple[int, int]:
     return ready[0], max(have)
 
 
-def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0) -> float:
+def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0,
+           node_size: int | None = None, inter: tuple[float, float] | None = None) -> float:
     """Seconds the recorded rounds take under the α-β-γ model (the longest dependency chain).
 
     ``traces[r]`` is rank r's rounds, as ``traced()`` records them. A rank starts a round when
     its previous one has ended; a transfer starts once both its sender and its receiver have
     started the rounds it belongs to, and takes α + β·bytes; an add takes γ·bytes; a round
-    ends with its last transfer.
+    ends with its last transfer. With ``node_size`` G and ``inter`` = (α', β'), ranks r // G
+    are nodes, and a transfer between two nodes takes α' + β'·bytes instead.
     """
     P = len(traces)
     where = {}  # (src, dst, k) -> (rank, round) of the k-th send src→dst and of its recv
@@ -335,7 +392,8 @@ def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0) ->
                     start = begin[other[0]][other[1]]
                     if start is None:
                         break
-                    end = max(end, max(begin[r][i], start) + alpha + beta * nbytes)
+                    a, b = inter if inter and node_size and r // node_size != peer // node_size else (alpha, beta)
+                    end = max(end, max(begin[r][i], start) + a + b * nbytes)
                 else:
                     begin[r][i + 1] = end
                     done[r] += 1
@@ -347,14 +405,18 @@ def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0) ->
     return max(b[-1] for b in begin)
 
 
-def critical_path(algo: str, P: int, n: int, itemsize: int = 4) -> tuple[int, int, int]:
+def critical_path(algo: str, P: int, n: int, itemsize: int = 4, G: int | None = None) -> tuple[int, int, int]:
     """(messages, bytes sent, bytes added) on the critical path of ``ALGORITHMS[algo]`` for n
     elements on P ranks. A transfer that sends and receives at once counts once, with the
-    larger of its two sizes (full-duplex links).
+    larger of its two sizes (full-duplex links). ``G``: ranks per node, for "hierarchical"
+    (None: P, one node); the others do not look at it.
     """
     M = n * itemsize
     if P == 1:
         return 0, 0, 0
+    if algo == "hierarchical":
+        (m1, b1), (m2, b2), added = two_level_path(algo, P, G or P, n, itemsize)
+        return m1 + m2, b1 + b2, added
     if algo == "parameter_server":  # rank 0 receives and adds P − 1 vectors, then sends P − 1
         return 2 * (P - 1), 2 * (P - 1) * M, (P - 1) * M
     if algo == "naive_ring":
@@ -376,11 +438,48 @@ def critical_path(algo: str, P: int, n: int, itemsize: int = 4) -> tuple[int, in
 
 
 def cost(algo: str, P: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0,
-         itemsize: int = 4) -> float:
+         itemsize: int = 4, G: int | None = None) -> float:
     """Seconds for ``ALGORITHMS[algo]`` by the α-β-γ model: α per message, β per byte sent and
-    γ per byte added on the critical path (γ = 0: the plain α-β model)."""
-    messages, moved, added = critical_path(algo, P, max(1, round(nbytes / itemsize)), itemsize)
+    γ per byte added on the critical path (γ = 0: the plain α-β model). ``G`` as for
+    ``critical_path``."""
+    messages, moved, added = critical_path(algo, P, max(1, round(nbytes / itemsize)), itemsize, G)
     return alpha * messages + beta * moved + gamma * added
+
+
+# ---------------------------------------------------------------- two levels: the node hierarchy
+def two_level_path(algo: str, P: int, G: int, n: int, itemsize: int = 4):
+    """((messages, bytes) within a node, (messages, bytes) between nodes, bytes added) on the
+    critical path of "ring" or "hierarchical", for P = N·G ranks placed G to a node in rank
+    order, every rank with a link of its own within the node and one out of it.
+
+    The flat ring: with N > 1 nodes, the rank at each node's edge sends all of its 2(P − 1)
+    messages of M/P to the next node, one after the other: every step pays the network's price,
+    on one link of the node. The hierarchical all-reduce pays it for 2(N − 1) steps, each of the
+    G ranks on its own link. Exact for the hierarchical all-reduce at any length, and for the
+    ring at lengths P divides (otherwise an upper bound: the largest chunk at every step).
+    """
+    if G < 1 or P % G:
+        raise ValueError(f"G = {G} ranks per node must divide P = {P}")
+    N = P // G
+    if algo == "ring":
+        chunk = math.ceil(n / P) * itemsize
+        steps = 2 * (P - 1)
+        level = (steps, steps * chunk)
+        return ((0, 0), level, (P - 1) * chunk) if N > 1 else (level, (0, 0), (P - 1) * chunk)
+    if algo == "hierarchical":
+        part = math.ceil(n / G)  # elements of the largest G-th
+        piece = math.ceil(part / N)  # … of the largest N-th of that
+        return ((2 * (G - 1), 2 * (G - 1) * part * itemsize), (2 * (N - 1), 2 * (N - 1) * piece * itemsize),
+                ((G - 1) * part + (N - 1) * piece) * itemsize)
+    raise KeyError(f"the two-level model covers ring and hierarchical, not {algo!r}")
+
+
+def two_level_cost(algo: str, P: int, G: int, nbytes: float, intra: tuple[float, float],
+                   inter: tuple[float, float], gamma: float = 0.0, itemsize: int = 4) -> float:
+    """Seconds for "ring" or "hierarchical" on N = P/G nodes of G ranks: (α, β) = ``intra``
+    for a transfer within a node, ``inter`` for one between nodes."""
+    (m1, b1), (m2, b2), added = two_level_path(algo, P, G, max(1, round(nbytes / itemsize)), itemsize)
+    return intra[0] * m1 + intra[1] * b1 + inter[0] * m2 + inter[1] * b2 + gamma * added
 
 
 def busbw_factor(P: int) -> float:
@@ -413,13 +512,13 @@ def fit_alpha_beta(nbytes, seconds, small: int = 1024, large: int = 8 * 2**20) -
 
 
 def winner(P: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0) -> str:
-    """The algorithm the model says is fastest (the explorer's answer)."""
-    return min(ALGORITHMS, key=lambda a: cost(a, P, nbytes, alpha, beta, gamma))
+    """The algorithm the model says is fastest (the explorer's answer), of the one-level five."""
+    return min(FLAT, key=lambda a: cost(a, P, nbytes, alpha, beta, gamma))
 
 
 def model_table(P: int, sizes, alpha: float, beta: float, gamma: float = 0.0) -> dict[str, list[float]]:
-    """{algorithm: [model seconds for each size]}: what the explorer draws."""
-    return {a: [cost(a, P, m, alpha, beta, gamma) for m in sizes] for a in ALGORITHMS}
+    """{algorithm: [model seconds for each size]}: what the explorer draws (the one-level five)."""
+    return {a: [cost(a, P, m, alpha, beta, gamma) for m in sizes] for a in FLAT}
 
 
 def explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
@@ -596,19 +695,46 @@ def _setup(args):
     return env
 
 
+def _choose(names: str, extra=()) -> list[str]:
+    """The algorithms named on the command line ("all": every one), checked before any process
+    group exists: a typo, or ranks that do not divide into nodes, ends the run at once, said by rank 0."""
+    from dpcourse.dist import env_info, stop
+
+    algos = list(ALGORITHMS) + list(extra) if names == "all" else names.split(",")
+    for a in algos:
+        if a not in ALGORITHMS and a not in extra:
+            stop(env_info(), f"unknown algorithm {a!r}: choose from all, {', '.join([*extra, *ALGORITHMS])}")
+    try:
+        ranks_per_node(env_info().world_size)
+    except ValueError as e:
+        stop(env_info(), str(e))
+    return algos
+
+
+def _agreed_ranks_per_node(P: int) -> int:
+    """``ranks_per_node``, the same on every rank, or a stop: a launcher that put more ranks on one node
+    than on another (srun with uneven tasks per node) has no G for the hierarchical all-reduce."""
+    from dpcourse.dist import env_info, stop
+
+    G = ranks_per_node(P)
+    both = torch.tensor([G, -G], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        both = both.cuda()
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    if both[0].item() != -both[1].item():
+        stop(env_info(), f"the nodes hold different numbers of ranks (from {-both[1].item()} to {both[0].item()}): "
+                         "the hierarchical all-reduce needs the same number on every node (e.g. srun --ntasks-per-node)")
+    return G
+
+
 def bench(args) -> int:
     """Ping-pong (α, β fitted), then every chosen algorithm over every size; rank 0 prints and logs."""
     from tqdm import tqdm
 
-    from dpcourse.dist import bar_off
+    from dpcourse.dist import bar_off, env_info, stop
     from dpcourse.metrics import JsonLog
 
-    from dpcourse.dist import env_info, stop
-
-    algos = list(ALGORITHMS) + ["native"] if args.algo == "all" else args.algo.split(",")
-    for a in algos:  # before the process group: a typo ends the run at once, said by rank 0
-        if a not in ALGORITHMS and a != "native":
-            stop(env_info(), f"unknown algorithm {a!r}: choose from all, native, {', '.join(ALGORITHMS)}")
+    algos = _choose(args.algo, extra=("native",))
     if env_info().world_size < 2:
         stop(env_info(), "bench needs at least 2 ranks: torchrun --nproc-per-node 2 -m dpcourse.allreduce bench")
     env = _setup(args)
@@ -617,10 +743,12 @@ def bench(args) -> int:
                   device=env.device.type)
     say = print if rank == 0 else (lambda *a, **k: None)
     if args.check:  # a few cases first: right, and transfers as the model counts them
-        _, failures = check_cases((1, P + 1, 1001, 65537), (torch.float32,), env.device, log)
+        _, failures = check_cases((1, P + 1, 1001, 65537), (torch.float32,), env.device, log,
+                                  algos=[a for a in algos if a != "native"])
         if failures:
             raise SystemExit(1)
-    say(f"{P} ranks, {env.backend} on {env.device.type}; ping-pong (ranks 0 ↔ 1), exchange (every rank → its right), adds ...", flush=True)
+    G = _agreed_ranks_per_node(P) if "hierarchical" in algos else P
+    say(f"{P} ranks{f' ({P // G} nodes of {G})' if G < P else ''}, {env.backend} on {env.device.type}; ping-pong (ranks 0 ↔ 1), exchange (every rank → its right), adds ...", flush=True)
     pp_sizes = parse_sizes(args.pingpong_sizes)
     fits = {}
     for mode in ("oneway", "exchange"):
@@ -646,7 +774,7 @@ def bench(args) -> int:
         fn = dist.all_reduce if a == "native" else ALGORITHMS[a]
         t = time_allreduce(fn, m, repeats_for(m, args.repeats), env.device)
         algbw = m / t / 1e9
-        model = cost(a, P, m, alpha, beta, gamma) if a != "native" else None
+        model = cost(a, P, m, alpha, beta, gamma, G=G) if a != "native" else None
         log.write("allreduce", algo=a, bytes=m, seconds=t, algbw_GBps=algbw,
                   busbw_GBps=algbw * busbw_factor(P), model_s=model,
                   repeats=repeats_for(m, args.repeats))
@@ -657,13 +785,16 @@ def bench(args) -> int:
     return 0
 
 
-CHECK_LENGTHS = (1, 2, 3, 5, 7, 64, 1000, 1001, 65537)
+CHECK_LENGTHS = (1, 2, 3, 5, 7, 64, 1000, 1001, 5040, 65537)  # 5040: every P ≤ 10 divides it
 
 
-def check_cases(lengths, dtypes, device, log, verbose=False) -> tuple[int, int]:
+def check_cases(lengths, dtypes, device, log, verbose=False, algos=None) -> tuple[int, int]:
     """Every algorithm × length × dtype against dist.all_reduce, and the transfers and additions
-    each made, replayed, against ``critical_path``. Returns (cases, failures); rank 0 prints failures."""
+    each made, replayed, against ``critical_path``; for ring and hierarchical, where P divides
+    the length, also replayed on two levels (``ranks_per_node``) against ``two_level_cost``.
+    ``algos``: a list of names (None: all). Returns (cases, failures); rank 0 prints failures."""
     rank, P = dist.get_rank(), dist.get_world_size()
+    G = _agreed_ranks_per_node(P)
     cases = failures = 0
     for dtype in dtypes:
         for n in lengths:
@@ -671,8 +802,8 @@ def check_cases(lengths, dtypes, device, log, verbose=False) -> tuple[int, int]:
             data = torch.randn(n, generator=g, dtype=dtype).to(device)
             expected = data.clone()
             dist.all_reduce(expected)
-            for algo, fn in ALGORITHMS.items():
-                t = data.clone()
+            for algo in ALGORITHMS if algos is None else algos:
+                t, fn = data.clone(), ALGORITHMS[algo]
                 with traced() as rounds:
                     fn(t)
                 ok = torch.allclose(t, expected, rtol=1e-6, atol=1e-6 * P)
@@ -680,23 +811,31 @@ def check_cases(lengths, dtypes, device, log, verbose=False) -> tuple[int, int]:
                 traces = [None] * P
                 dist.all_gather_object(traces, rounds)
                 counted = tuple(round(replay(traces, *w)) for w in ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
-                model = critical_path(algo, P, n, t.element_size())
+                model = critical_path(algo, P, n, t.element_size(), G)
                 counted_ok = counted == model
-                verdict = torch.tensor([int(ok and counted_ok)], device=device)
+                two_level = None  # the node hierarchy: a link out of the node costs more
+                if algo in ("ring", "hierarchical") and n % P == 0:
+                    weights = dict(intra=(1.0, 1e-3), inter=(10.0, 0.1), gamma=1e-4)
+                    replayed = replay(traces, *weights["intra"], weights["gamma"], node_size=G, inter=weights["inter"])
+                    two_level = math.isclose(replayed, two_level_cost(algo, P, G, n * t.element_size(), **weights,
+                                                                      itemsize=t.element_size()), rel_tol=1e-9)
+                verdict = torch.tensor([int(ok and counted_ok and two_level is not False)], device=device)
                 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # right only if right on every rank
                 good = bool(verdict.item())
                 cases, failures = cases + 1, failures + (not good)
                 err = (t - expected).abs().max().item()
                 log.write("case", algo=algo, n=n, dtype=str(dtype).removeprefix("torch."), ok=good,
-                          max_abs_err=err, counted=counted, model=model, counts_ok=bool(counted_ok))
+                          max_abs_err=err, counted=counted, model=model, counts_ok=bool(counted_ok),
+                          ranks_per_node=G, two_level_ok=two_level)
                 if rank == 0 and (not good or verbose):
                     print(f"{algo:<17} n={n:<9} {str(dtype)[6:]:<8} "
                           f"{'ok' if ok else 'WRONG'} (max |Δ| {err:.1e}); critical path (messages, bytes "
-                          f"sent, bytes added) {counted} vs model {model}{'' if counted_ok else '  MISMATCH'}",
+                          f"sent, bytes added) {counted} vs model {model}{'' if counted_ok else '  MISMATCH'}"
+                          f"{'' if two_level is not False else '; two levels: MISMATCH'}",
                           flush=True)
     if rank == 0:
-        print(f"{P} ranks: {cases - failures} of {cases} cases agree with dist.all_reduce "
-              "and with the model's transfer counts", flush=True)
+        print(f"{P} ranks ({P // G} node(s) of {G}): {cases - failures} of {cases} cases agree with "
+              "dist.all_reduce and with the model's transfer counts", flush=True)
     return cases, failures
 
 
@@ -704,11 +843,12 @@ def check(args) -> int:
     """``check_cases`` over lengths 1 … 65537 in float32 and float64 (and --large in float32)."""
     from dpcourse.metrics import JsonLog
 
+    algos = _choose(args.algo)
     env = _setup(args)
     rank, P = dist.get_rank(), dist.get_world_size()
     log = JsonLog(args.json if rank == 0 else None, world_size=P, backend=env.backend)
     lengths = list(CHECK_LENGTHS) + [parse_size(s) // 4 for s in args.large]
-    _, failures = check_cases(lengths, (torch.float32, torch.float64), env.device, log, args.verbose)
+    _, failures = check_cases(lengths, (torch.float32, torch.float64), env.device, log, args.verbose, algos)
     dist.destroy_process_group()
     return 1 if failures else 0
 
@@ -723,6 +863,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
         p.add_argument("--timeout", type=float, default=120, help="seconds a transfer may wait")
         p.add_argument("--json", "--log-json", dest="json", default=None, help="rank 0 writes JSON lines here")
+        p.add_argument("--ranks-per-node", type=int, default=None,
+                       help="G for the hierarchical all-reduce: pretend the ranks are nodes of G "
+                            "(default: the launcher's LOCAL_WORLD_SIZE, the ranks really on one node)")
     b = sub.choices["bench"]
     b.add_argument("--algo", default="all", help="all, or a comma list of: native, " + ", ".join(ALGORITHMS))
     b.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1KiB:64MiB:4"),
@@ -738,7 +881,10 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.choices["check"]
     c.add_argument("--large", nargs="*", default=[], help="extra sizes, e.g. 64MiB (float32 only)")
     c.add_argument("--verbose", action="store_true", help="one line per case, not only failures")
+    c.add_argument("--algo", default="all", help="all, or a comma list of: " + ", ".join(ALGORITHMS))
     args = parser.parse_args(argv)
+    if args.ranks_per_node:  # every rank reads it from its environment, as from the launcher's
+        os.environ["DPCOURSE_RANKS_PER_NODE"] = str(args.ranks_per_node)
     return bench(args) if args.command == "bench" else check(args)
 
 
