@@ -208,12 +208,14 @@ def test_make_check_reports_each_exercise():
     for name, names in checks.items():
         for check in names:
             assert f"✗ {name}: {check} — not done yet" in out, out
-    # no other verdict, no other cell's error; the copies cut after their first lab check lack the rest, said so
-    notes = [line for line in out.splitlines() if line.startswith("! ")]
-    assert all("and so is the cell before it: not graded" in line for line in notes), notes
-    assert {line.split(":", 1)[0][2:] for line in notes} <= set(UNTOUCHED_WITH_LABS), notes
+    # no other verdict, no other cell's error; the copies cut after their first lab check lack the rest: those
+    # checks are not graded, and count as not passed
+    assert not [line for line in out.splitlines() if line.startswith("! ")], out
+    lost = [line for line in out.splitlines() if "not graded: its check and the cell before it are missing" in line]
+    assert lost and all(line.startswith("✗ ") for line in lost), out
+    assert {line.split(":", 1)[0][2:] for line in lost} <= set(UNTOUCHED_WITH_LABS), lost
     assert "fails" not in out, out
-    assert f"1 of {2 + sum(map(len, checks.values()))} exercises pass." in out
+    assert f"1 of {2 + sum(map(len, checks.values())) + len(lost)} exercises pass." in out
 
 
 def test_make_check_grades_with_the_courses_checks_not_the_learners_copy():
@@ -248,19 +250,54 @@ def test_course_checks_go_back_where_they_were():
         code("x = 1", id="a"), code("# CHECK: exercise 1 — one\nassert x == 1", id="c1", metadata={"tags": ["check"]}),
         code("y = 2", id="b"), code("# CHECK: exercise 2 — two\nassert y == 2", id="c2", metadata={"tags": ["check"]})])
     mine = nbformat.v4.new_notebook(cells=[code("x = 5", id="a"), code("# my check\npass", id="c1"), code("y = 7", id="b")])
-    graded, notes = with_course_checks(mine, course)
-    assert [c.source for c in graded.cells] == ["x = 5", course.cells[1].source, "y = 7", course.cells[3].source]
+    graded, notes, lost = with_course_checks(mine, course)
+    assert lost == [] and [c.source for c in graded.cells] == ["x = 5", course.cells[1].source, "y = 7", course.cells[3].source]
     assert all("check" in graded.cells[i].metadata["tags"] for i in (1, 3))
     assert notes == ["the check of exercise 1 in your copy differs from the course's current one (you edited it, or "
                      "your copy is older than the course): graded with the course's; your file keeps yours",
                      "the check of exercise 2 is missing from your copy: graded with the course's"]
-    untouched, none = with_course_checks(course, course)
-    assert none == [] and [c.source for c in untouched.cells] == [c.source for c in course.cells]
-    # a copy that lost a whole part (the cell before the check too): the check is named, not run out of place
-    fragment, notes = with_course_checks(nbformat.v4.new_notebook(cells=course.cells[:2]), course)
+    untouched, none, lost = with_course_checks(course, course)
+    assert none == lost == [] and [c.source for c in untouched.cells] == [c.source for c in course.cells]
+    # a copy that lost a whole part (the cell before the check too): the check is lost, not run out of place
+    fragment, notes, lost = with_course_checks(nbformat.v4.new_notebook(cells=course.cells[:2]), course)
     assert [c.source for c in fragment.cells] == [c.source for c in course.cells[:2]]
-    assert notes == ["the check of exercise 2 is missing from your copy, and so is the cell before it: not graded "
-                     "(copy the notebook again to get that part back)"]
+    assert notes == [] and lost == ["exercise 2"]
+    # a check copied twice (the copy has a new id), once with its tag and once without: graded once
+    twice = nbformat.v4.new_notebook(cells=[*course.cells[:2], code("# CHECK: exercise 1 — one\npass", id="d1",
+                                                                     metadata={"tags": ["check"]}),
+                                            code("# CHECK: exercise 1 — one\npass", id="d2"), *course.cells[2:]])
+    graded, notes, lost = with_course_checks(twice, course)
+    assert [c.source for c in graded.cells] == [c.source for c in course.cells] and lost == []
+    assert notes == ["your copy has a second check cell for exercise 1: not run (each exercise is graded once, "
+                     "with the course's check)"] * 2
+    # a check the course no longer has: not run, said so
+    older = nbformat.v4.new_notebook(cells=[*course.cells, code("# CHECK: exercise 9 — gone\nassert False", id="c9",
+                                                                metadata={"tags": ["check"]})])
+    graded, notes, lost = with_course_checks(older, course)
+    assert [c.source for c in graded.cells] == [c.source for c in course.cells] and lost == []
+    assert notes == ["your copy has a check of exercise 9 that the course does not have (any more): not run"]
+
+
+def test_a_check_the_copy_lost_with_its_part_counts_as_not_passed(tmp_path):
+    """A copy of 01_exercises that kept only its first cell: every check is lost with the cells before it.
+    make check says so for each, in one line each, and exits 1; it does not call the copy exercise-free."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "dpcourse"\n')
+    (tmp_path / "notebooks").mkdir()
+    learner_notebooks(tmp_path / "notebooks")
+    (tmp_path / "solutions").mkdir()
+    shutil.copy(tmp_path / "notebooks" / "01_exercises.ipynb", tmp_path / "solutions")
+    nb = nbformat.read(tmp_path / "notebooks" / "01_exercises.ipynb", as_version=4)
+    nb.cells = nb.cells[:1]
+    nbformat.write(nb, tmp_path / "notebooks" / "01_exercises.ipynb")
+    result = run([sys.executable, "-m", "dpcourse.course", "check", str(tmp_path / "notebooks"), "--notebook", "01"],
+                 timeout=120)
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert "no exercises here" not in out and "running" not in out, out
+    assert ("✗ 01_exercises.ipynb: exercise 1 — not graded: its check and the cell before it are missing from your "
+            "copy (copy the notebook again to get that part back)") in out, out
+    assert "○ 01_exercises.ipynb: exercise 5 (optional) — not graded" in out, out  # optional: counts neither way
+    assert out.count("not graded") == 6 and "0 of 5 exercises pass. (1 optional or not checked: ○ above.)" in out, out
 
 
 def learner_notebooks(folder: Path) -> None:

@@ -348,22 +348,30 @@ def _check_name(cell) -> str:
     return first.split("CHECK:", 1)[-1].split("—", 1)[0].strip() if "CHECK:" in first else ""
 
 
-def with_course_checks(nb, course) -> tuple[object, list[str]]:
+def _looks_like_check(cell) -> bool:
+    """A check cell, or a copy of one that lost its tag (its first line still says "# CHECK:")."""
+    return _is_check(cell) or (cell.cell_type == "code" and cell.source.lstrip().startswith("# CHECK:"))
+
+
+def with_course_checks(nb, course) -> tuple[object, list[str], list[str]]:
     """The learner's notebook ``nb`` with every check cell as the course's notebook ``course`` has it:
-    what make check grades with, so that a check edited or deleted in a copy is not a silent pass.
-    A check is found by its cell id, else by its name ("exercise 2"); one that is missing goes back
+    what make check grades with, so that a check edited, duplicated or deleted in a copy is not a silent
+    pass. A check is found by its cell id, else by its name ("exercise 2"); one that is missing goes back
     after the cell that precedes it in the course, when that cell is there (a check deleted from its
     place); when that cell is gone too, the copy has lost that part of the notebook, and the check is
-    named but not run. Returns (the notebook to run, one note per check that was changed or missing
-    in the learner's copy). The learner's file is not touched."""
+    not run: it is returned as lost. Any other check cell of the copy (a second copy of a check, with its
+    tag or without) is left out of the run. Returns (the notebook to run, one note per check that was
+    changed, missing or repeated in the learner's copy, the names of the lost checks). The learner's
+    file is not touched."""
     nb = nbformat.from_dict(nb)
-    notes = []
+    notes, lost, ours_all = [], [], []
     for k, cell in enumerate(course.cells):
         if not _is_check(cell):
             continue
         name = _check_name(cell) or "a check"
-        mine = [i for i, c in enumerate(nb.cells) if c.get("id") == cell.get("id")] or \
-               [i for i, c in enumerate(nb.cells) if _is_check(c) and _check_name(c) == _check_name(cell)]
+        free = [i for i, c in enumerate(nb.cells) if not any(c is o for o in ours_all)]  # not placed yet
+        mine = [i for i in free if nb.cells[i].get("id") == cell.get("id")] or \
+               [i for i in free if _looks_like_check(nb.cells[i]) and _check_name(nb.cells[i]) == _check_name(cell)]
         ours = nbformat.from_dict({**cell, "outputs": [], "execution_count": None})
         if mine:
             if nb.cells[mine[0]].source != cell.source or not _is_check(nb.cells[mine[0]]):
@@ -371,15 +379,24 @@ def with_course_checks(nb, course) -> tuple[object, list[str]]:
                              "it, or your copy is older than the course): graded with the course's; your file keeps "
                              "yours")
             nb.cells[mine[0]] = ours
+            ours_all.append(ours)
             continue
         ids = [c.get("id") for c in nb.cells]
         if k and course.cells[k - 1].get("id") in ids:
             nb.cells.insert(ids.index(course.cells[k - 1].get("id")) + 1, ours)
+            ours_all.append(ours)
             notes.append(f"the check of {name} is missing from your copy: graded with the course's")
         else:
-            notes.append(f"the check of {name} is missing from your copy, and so is the cell before it: "
-                         "not graded (copy the notebook again to get that part back)")
-    return nb, notes
+            lost.append(name)
+    extra = [c for c in nb.cells if _looks_like_check(c) and not any(c is o for o in ours_all)]
+    known = {_check_name(c) for c in course.cells if _is_check(c)}
+    for cell in extra:
+        name = _check_name(cell) or "an exercise"
+        notes.append(f"your copy has a second check cell for {name}: not run (each exercise is graded once, with "
+                     "the course's check)" if name in known else
+                     f"your copy has a check of {name} that the course does not have (any more): not run")
+    nb.cells = [c for c in nb.cells if not any(c is e for e in extra)]
+    return nb, notes, lost
 
 
 def _shown(folder: Path) -> str:
@@ -410,17 +427,24 @@ def check_learner(folder: Path, prefix: str = "") -> int:
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         source = top / "solutions" / path.name if top else None  # the course's checks: the single source
-        notes = []
+        notes, lost = [], []
         if source is not None and source.exists():
-            nb, notes = with_course_checks(nb, nbformat.read(source, as_version=4))
-        if not any(map(_is_check, nb.cells)):
+            nb, notes, lost = with_course_checks(nb, nbformat.read(source, as_version=4))
+        if not any(map(_is_check, nb.cells)) and not lost:
             print(f"- {path.name}: no exercises here")
             continue
-        print(f"  running {path.name} ...", flush=True)
+        if any(map(_is_check, nb.cells)):
+            print(f"  running {path.name} ...", flush=True)
         for note in notes:
             print(f"! {path.name}: {note}", flush=True)
-        nb, _, stopped = execute(path, allow_errors=True, nb=nb)
-        for mark, text in check_results(nb, stopped):
+        results = []
+        if any(map(_is_check, nb.cells)):
+            nb, _, stopped = execute(path, allow_errors=True, nb=nb)
+            results = check_results(nb, stopped)
+        results += [("○" if "(optional)" in name else "✗",
+                     f"{name} — not graded: its check and the cell before it are missing from your copy "
+                     "(copy the notebook again to get that part back)") for name in lost]
+        for mark, text in results:
             print(f"{mark} {path.name}: {text}", flush=True)
             passed, failed, skipped = passed + (mark == "✓"), failed + (mark == "✗"), skipped + (mark == "○")
     if passed + failed:
