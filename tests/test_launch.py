@@ -1,4 +1,5 @@
 """dpcourse.launch: torchrun from a notebook cell, rank tags, logs, and stopping every rank."""
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,28 @@ def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch
     shown = capsys.readouterr().out
     assert "$ torchrun --standalone --nproc-per-node=2" in shown and "[rank0]:hello from rank 0" in shown
     assert "OMP_NUM_THREADS" not in shown  # torchrun's banner is not the learner's business
+
+
+def test_the_agent_in_a_fork_of_this_process_runs_as_the_new_interpreter_does(monkeypatch):
+    """With torch imported here, the agent is a fork of this process; DPCOURSE_FORK_LAUNCHER=0 starts a new
+    interpreter. The same lines, log and exit status either way, for a run that passes and one that fails."""
+    import dpcourse.launch as launch
+
+    cmd = ["python", "-m", "dpcourse.torchrun"]
+    assert launch._can_fork(cmd) and "torch" in __import__("sys").modules
+    runs = {}
+    for fork in ("1", "0"):
+        monkeypatch.setenv("DPCOURSE_FORK_LAUNCHER", fork)
+        assert launch._can_fork(cmd) == (fork == "1")
+        ok = torchrun(lab("hello", ROOT / "solutions"), nproc=2, echo=False)
+        failed = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False, echo=False)
+        runs[fork] = ok, failed
+    for ok, failed in runs.values():
+        assert ok.returncode == 0 and ok.log[0]["world_size"] == 2 and failed.returncode != 0
+        assert any("hello from rank 1" in line for line in ok.lines)
+    same = [sorted(re.sub(r"pid \d+", "pid N", line) for line in runs[fork][0].lines) for fork in ("1", "0")]
+    assert same[0] == same[1]
+    assert runs["1"][1].returncode == runs["0"][1].returncode
 
 
 def test_python_runs_one_plain_process_like_torchrun(capsys):

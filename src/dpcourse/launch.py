@@ -6,7 +6,9 @@
     run = horovodrun(lab("fashion_horovod"), nproc=2)  # the same, for a Horovod lab (make horovod)
     run = python(lab("hello"))                       # one plain process, no launcher
 
-Each line a worker prints comes back tagged with its rank (torchrun's own ``--tee``). An
+Each line a worker prints comes back tagged with its rank (torchrun's own ``--tee``). On Linux,
+from a process that has imported torch (a notebook's kernel, a test), torchrun's agent runs in a
+fork of it (``_ForkedTorchrun``) rather than in a new interpreter that imports torch again. An
 interrupt (the notebook's stop button) or the timeout stops the whole process group, so no
 orphaned worker keeps a port or a core. Multi-process code must live in a real ``.py`` file:
 a function defined in a notebook cannot be pickled into ``mp.spawn`` workers.
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,8 +183,11 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
         print("$", shlex.join([*shown, _relative(script), *map(str, args)]), flush=True)
 
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=child_env, start_new_session=True, bufsize=1)
+    if _can_fork(cmd):
+        proc = _ForkedTorchrun(cmd[3:], child_env)
+    else:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env, start_new_session=True, bufsize=1)
     lines: list[str] = []
     agent: list[str] = []  # the launcher's own lines: warnings and, on failure, its traceback
 
@@ -224,6 +230,75 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
             print("\n".join(hidden[-6:]), flush=True)
         print(failure_summary(agent, proc.returncode, shown[0]), flush=True)
     return Run(cmd, proc.returncode, lines, log, time.perf_counter() - start, agent, echo)
+
+
+def _can_fork(cmd: list[str]) -> bool:
+    """Whether to run the torchrun agent in a fork of this process (``_ForkedTorchrun``): on Linux,
+    where this process has imported torch already (a notebook's kernel, a test), unless
+    DPCOURSE_FORK_LAUNCHER=0."""
+    return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux") and "torch" in sys.modules
+            and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0")
+
+
+class _ForkedTorchrun:
+    """torchrun's agent (``dpcourse.torchrun``: torchrun's own ``main``) in a fork of this process, in a
+    session of its own, its output on a pipe: what ``subprocess.Popen`` of ``python -m dpcourse.torchrun``
+    gives (``pid``, ``stdout``, ``wait``, ``returncode``), without the new interpreter's import of torch,
+    which this process has done already: 2 of the 5 seconds a launch took on the course's 2-core machine.
+    The workers are new interpreters as before, started by the agent."""
+
+    def __init__(self, args: list[str], env: dict):
+        read, write = os.pipe()
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child
+            warnings.simplefilter("ignore", DeprecationWarning)  # only runs torchrun's main and exits
+            pid = os.fork()
+        if pid == 0:  # the agent: never returns
+            code = 1
+            try:
+                os.setsid()
+                os.close(read)
+                os.dup2(write, 1)
+                os.dup2(write, 2)
+                os.close(write)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                os.environ.clear()
+                os.environ.update(env)
+                from dpcourse.torchrun import main
+                sys.argv = ["torchrun", *args]
+                code = main()
+            except BaseException:  # noqa: BLE001 - said on the pipe, as an agent that failed to start
+                import traceback
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        os.close(write)
+        self.pid, self.returncode = pid, None
+        self.stdout = open(read, "r", buffering=1, encoding="utf-8", errors="replace")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["torchrun"], timeout)
+            time.sleep(pause)
+            pause = min(0.02, pause * 2)
+        return self.returncode
 
 
 def failure_summary(agent_lines: list[str], returncode: int, launcher: str = "torchrun") -> str:
