@@ -29,6 +29,7 @@ def test_the_agent_in_a_fork_of_this_process_runs_as_the_new_interpreter_does(mo
     import dpcourse.launch as launch
 
     cmd = ["python", "-m", "dpcourse.torchrun"]
+    monkeypatch.delenv("DPCOURSE_FORK_LAUNCHER", raising=False)
     assert launch._can_fork(cmd) and "torch" in __import__("sys").modules
     runs = {}
     for fork in ("1", "0"):
@@ -40,9 +41,12 @@ def test_the_agent_in_a_fork_of_this_process_runs_as_the_new_interpreter_does(mo
     for ok, failed in runs.values():
         assert ok.returncode == 0 and ok.log[0]["world_size"] == 2 and failed.returncode != 0
         assert any("hello from rank 1" in line for line in ok.lines)
-    same = [sorted(re.sub(r"pid \d+", "pid N", line) for line in runs[fork][0].lines) for fork in ("1", "0")]
-    assert same[0] == same[1]
+    said = [sorted(re.sub(r"pid \d+", "pid N", line) for line in runs[fork][0].lines if "hello from" in line)
+            for fork in ("1", "0")]
+    assert len(said[0]) == 2 and said[0] == said[1]
     assert runs["1"][1].returncode == runs["0"][1].returncode
+    assert [launch.failure_summary(runs[fork][1].agent_lines, runs[fork][1].returncode) for fork in ("1", "0")] == \
+           ["torchrun: rank 1 failed first (exit code 1); the other ranks were stopped. Its message is in the lines above."] * 2
 
 
 def test_python_runs_one_plain_process_like_torchrun(capsys):

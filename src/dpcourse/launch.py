@@ -8,7 +8,8 @@
 
 Each line a worker prints comes back tagged with its rank (torchrun's own ``--tee``). On Linux,
 from a process that has imported torch (a notebook's kernel, a test), torchrun's agent runs in a
-fork of it (``_ForkedTorchrun``) rather than in a new interpreter that imports torch again. An
+fork of it (``_ForkedTorchrun``) rather than in a new interpreter that imports torch again
+(``DPCOURSE_FORK_LAUNCHER=0``: the new interpreter). An
 interrupt (the notebook's stop button) or the timeout stops the whole process group, so no
 orphaned worker keeps a port or a core. Multi-process code must live in a real ``.py`` file:
 a function defined in a notebook cannot be pickled into ``mp.spawn`` workers.
@@ -16,6 +17,7 @@ a function defined in a notebook cannot be pickled into ``mp.spawn`` workers.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import re
 import shlex
@@ -183,9 +185,13 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
         print("$", shlex.join([*shown, _relative(script), *map(str, args)]), flush=True)
 
     start = time.perf_counter()
+    proc = None
     if _can_fork(cmd):
-        proc = _ForkedTorchrun(cmd[3:], child_env)
-    else:
+        try:
+            proc = _ForkedTorchrun(cmd[3:], child_env)
+        except OSError:  # no memory to fork this process (vm.overcommit_memory=2): a new interpreter
+            proc = None
+    if proc is None:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_env, start_new_session=True, bufsize=1)
     lines: list[str] = []
@@ -233,9 +239,9 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
 
 
 def _can_fork(cmd: list[str]) -> bool:
-    """Whether to run the torchrun agent in a fork of this process (``_ForkedTorchrun``): on Linux,
-    where this process has imported torch already (a notebook's kernel, a test), unless
-    DPCOURSE_FORK_LAUNCHER=0."""
+    """Whether to run the torchrun agent in a fork of this process (``_ForkedTorchrun``): on Linux, where
+    this process has imported torch already (it has, having imported this module: a notebook's kernel, a
+    test, the course's command-line tools), unless DPCOURSE_FORK_LAUNCHER=0."""
     return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux") and "torch" in sys.modules
             and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0")
 
@@ -248,44 +254,73 @@ class _ForkedTorchrun:
     The workers are new interpreters as before, started by the agent."""
 
     def __init__(self, args: list[str], env: dict):
+        env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
+        parent = os.getpid()
         read, write = os.pipe()
-        with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child
-            warnings.simplefilter("ignore", DeprecationWarning)  # only runs torchrun's main and exits
-            pid = os.fork()
-        if pid == 0:  # the agent: never returns
-            code = 1
-            try:
-                os.setsid()
-                os.close(read)
-                os.dup2(write, 1)
-                os.dup2(write, 2)
-                os.close(write)
-                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_DFL)
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                os.environ.clear()
-                os.environ.update(env)
-                from dpcourse.torchrun import main
-                sys.argv = ["torchrun", *args]
-                code = main()
-            except BaseException:  # noqa: BLE001 - said on the pipe, as an agent that failed to start
-                import traceback
-                traceback.print_exc()
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+        stop_signals = {signal.SIGINT, signal.SIGTERM}
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # none between fork and setsid
+        try:
+            with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child
+                warnings.simplefilter("ignore", DeprecationWarning)  # only runs torchrun's main and exits
+                pid = os.fork()
+            if pid == 0:
+                self._agent(args, env, read, write, parent, old_mask)  # never returns
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write)
         self.pid, self.returncode = pid, None
         self.stdout = open(read, "r", buffering=1, encoding="utf-8", errors="replace")
 
+    @staticmethod
+    def _agent(args, env, read, write, parent, old_mask) -> None:
+        """The child: its own session, the pipe as stdout and stderr, nothing else of the caller's open
+        (a kernel's sockets, a pipe of another launch), gone when the caller is; then torchrun's main."""
+        code = 1
+        try:
+            gc.freeze()  # no collection copies the caller's heap, nor finalises what it owns
+            os.setsid()
+            os.dup2(write, 1)
+            os.dup2(write, 2)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # read, write, devnull and every other inherited one
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            try:  # SIGTERM when the caller dies (a kernel restarted mid-run): torchrun then stops its workers
+                import ctypes
+                ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+            except (OSError, AttributeError):
+                pass
+            if os.getppid() != parent:
+                return
+            sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+            sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+            os.environ.clear()
+            os.environ.update(env)
+            from dpcourse.torchrun import main
+            sys.argv = ["torchrun", *args]
+            code = main()
+        except BaseException:  # noqa: BLE001 - said on the pipe, as an agent that failed to start
+            try:
+                import traceback
+                traceback.print_exc()
+            except BaseException:  # noqa: BLE001
+                pass
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
     def poll(self) -> int | None:
         if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: as Popen, say 0
+                self.returncode = 0
+                return 0
             if done:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -380,8 +415,11 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+        except ProcessLookupError:  # no group (yet): the launcher alone, if it is still there
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                return
         try:
             proc.wait(timeout=grace)
             return
