@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT
 from dpcourse import CourseError
@@ -35,6 +36,9 @@ def test_the_agent_in_a_fork_of_this_process_runs_as_the_new_interpreter_does(mo
     for fork in ("1", "0"):
         monkeypatch.setenv("DPCOURSE_FORK_LAUNCHER", fork)
         assert launch._can_fork(cmd) == (fork == "1")
+        with monkeypatch.context() as m:  # CUDA started here: no fork, whatever the variable says
+            m.setattr(torch.cuda, "is_initialized", lambda: True)
+            assert not launch._can_fork(cmd)
         ok = torchrun(lab("hello", ROOT / "solutions"), nproc=2, echo=False)
         failed = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False, echo=False)
         runs[fork] = ok, failed

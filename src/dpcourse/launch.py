@@ -113,8 +113,10 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     """
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
     cmd = [sys.executable, "-m", "dpcourse.torchrun", "--standalone",  # torchrun, less its teardown
-           f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}",
-           "--log-line-prefix-template=[rank${rank}]:"]
+           f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}"]
+    # Each line tagged "[rankN]:". The variable, not torchrun's --log-line-prefix-template, which
+    # PyTorch 2.11 lacks (seen on a GPU node's 2.11: "unrecognized arguments"); 2.14 reads both.
+    env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:", **(env or {})}
     shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}"]  # what a learner would type
     return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=None)
 
@@ -241,9 +243,13 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
 def _can_fork(cmd: list[str]) -> bool:
     """Whether to run the torchrun agent in a fork of this process (``_ForkedTorchrun``): on Linux, where
     this process has imported torch already (it has, having imported this module: a notebook's kernel, a
-    test, the course's command-line tools), unless DPCOURSE_FORK_LAUNCHER=0."""
-    return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux") and "torch" in sys.modules
-            and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0")
+    test, the course's command-line tools), unless DPCOURSE_FORK_LAUNCHER=0, and unless this process has
+    started CUDA (a kernel that put a tensor on a GPU, make gpu-check after naming its GPUs): CUDA does
+    not support fork after it has started, and although the agent never calls it, such a fork is not
+    worth the 2 s it saves."""
+    torch = sys.modules.get("torch")
+    return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux") and torch is not None
+            and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0" and not torch.cuda.is_initialized())
 
 
 class _ForkedTorchrun:
