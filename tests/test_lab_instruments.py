@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
+from conftest import ROOT, run, torchrun_cmd
+from dpcourse.metrics import read_log
 from dpcourse.models import FashionCNN
 from dpcourse.optim import LARS
-from test_fashion_ddp import lab
+from test_fashion_ddp import LAB, lab
 
 pytestmark = pytest.mark.slow
 PARAM_BYTES = 4 * sum(p.numel() for p in FashionCNN().parameters())  # float32 gradients, one per weight
@@ -45,10 +47,20 @@ def test_one_bucket_by_default_and_fp16_halves_the_bytes(fashion_root):
     assert [(r["comm_bytes"], r["buckets"]) for r in timed(log)] == [(PARAM_BYTES // 2, 1)] * 2
 
 
-def test_powersgd_sends_a_fraction_after_its_start(fashion_root):
-    result, log = lab(2, "--max-steps", "8", "--no-eval", "--log-every", "4", "--time-split",
-                      "--comm-hook", "powersgd", "--powersgd-start", "4")
+def test_powersgd_sends_a_fraction_after_its_start_and_on_cpu_ranks_wants_no_gpu_visible(tmp_path, fashion_root):
+    """PyTorch's PowerSGD hook synchronizes any GPU it sees, even for CPU gradients ("Expected a cuda device,
+    but got: cpu"; two CPU ranks on an H100 node, notebook 08 there). Where one is visible, --device cpu with
+    PowerSGD stops with one line; hidden (CUDA_VISIBLE_DEVICES=), it runs. tests/helpers/sees_a_gpu.py fakes it."""
+    log_file = tmp_path / "log.jsonl"
+    cmd = torchrun_cmd(2, ROOT / "tests/helpers/sees_a_gpu.py", LAB, "--device", "cpu", "--max-steps", "8", "--no-eval",
+                       "--log-every", "4", "--time-split", "--comm-hook", "powersgd", "--powersgd-start", "4",
+                       "--log-json", log_file)
+    seen = run(cmd, timeout=180, env={"CUDA_VISIBLE_DEVICES": "0"})
+    said = [line for line in seen.stdout.splitlines() if "--comm-hook powersgd on the CPU where a GPU is visible" in line]
+    assert seen.returncode != 0 and len(said) == 1 and "CUDA_VISIBLE_DEVICES= torchrun" in said[0], seen.stdout
+    result = run(cmd, timeout=180, env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stdout
+    log = read_log(log_file)
     plain, compressed = [r["comm_bytes"] for r in timed(log)]
     assert plain == PARAM_BYTES  # the first steps: plain all-reduce
     assert compressed < PARAM_BYTES / 4  # rank-1 factors of the weight matrices, small tensors as they are

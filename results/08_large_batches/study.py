@@ -97,7 +97,8 @@ def main(argv=None) -> int:
             continue
         load = os.getloadavg()[0]
         run_ok(torchrun(LAB, *COMMON, *RUNS[name][2], "--log-json", log, nproc=WORKERS, log_json=False,
-                        env={"OMP_NUM_THREADS": "1"}, ranks="0", timeout=900))
+                        env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},  # a CPU study: no GPU seen
+                        ranks="0", timeout=900))
         study["runs"][name] = {"group": group, "label": label, "command": "OMP_NUM_THREADS=1 " + shlex.join(command(name)),
                                "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)}
         study_path.write_text(json.dumps(study, indent=1) + "\n")  # after each run: an interrupted study resumes

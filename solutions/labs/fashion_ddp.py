@@ -227,7 +227,7 @@ def main(args):
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None,  # DDP: averaged gradients
                     **ddp_options)
         ### END SOLUTION
-        state, hook = comm_hook(args)
+        state, hook = comm_hook(args, env)
         if hook or args.time_split:  # DDP: what DDP does with each bucket of gradients (notebook 08)
             model.register_comm_hook(state, timer.timed(hook or default_hooks.allreduce_hook))
         if args.local_sgd:  # DDP: post-local SGD: after warm-up, average the weights every N steps
@@ -385,8 +385,11 @@ def unwrap(model):
     return model.module if isinstance(model, DDP) else model
 
 
-def comm_hook(args):
+def comm_hook(args, env):
     """(state, hook) for --comm-hook: how DDP sends each bucket of gradients; (None, None): built in."""
+    if args.comm_hook == "powersgd" and env.device.type == "cpu" and torch.cuda.is_available():
+        ddp_env.stop(env, "--comm-hook powersgd on the CPU where a GPU is visible: PyTorch's PowerSGD hook would "
+                     "synchronize that GPU and fail. Hide the GPUs from this run: CUDA_VISIBLE_DEVICES= torchrun ...")
     if args.comm_hook == "powersgd":  # low-rank gradients; plain all-reduce for the first steps
         return powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
                                            start_powerSGD_iter=args.powersgd_start), powerSGD_hook.powerSGD_hook
