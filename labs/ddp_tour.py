@@ -12,6 +12,7 @@ import os
 import tempfile
 import time
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dpcourse import dist as ddp_env
 from dpcourse.dist import free_port
 from dpcourse.metrics import JsonLog
+
+
+# DDP: how long the group's meeting, and each collective, waits for every rank: a rank that cannot
+# reach the others fails within a minute, not after gloo's default 30 minutes
+TIMEOUT = timedelta(seconds=60)
 
 
 def say(*parts):
@@ -42,19 +48,22 @@ def init_methods(env, log):
     address and a port in a URL, file:// meets in a file every rank can see."""
     rank, world = env.rank, env.world_size
     start = time.perf_counter()
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)  # DDP
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=TIMEOUT)  # DDP
     took = time.perf_counter() - start
     say(f"env://  rank 0 of {world}: all_reduce(rank + 1) = {check_group():g}, set-up {took:.2f} s")
     log.write("init", method="env", sum=check_group(), setup_s=took)
     # Rank 0 picks a port and a file name for the next two and tells the others (a broadcast).
-    choice = [free_port(), os.path.join(tempfile.gettempdir(), f"dpcourse-rdzv-{os.getpid()}")]
+    choice = [free_port("0.0.0.0"), os.path.join(tempfile.gettempdir(), f"dpcourse-rdzv-{os.getpid()}")]
     dist.broadcast_object_list(choice, src=0)  # DDP
     port, path = choice
     dist.destroy_process_group()
+    # DDP: torchrun's ranks meet in its agent's store; this new address is served by rank 0 itself
+    # (PyTorch before 2.14 would otherwise make every rank a client of it, and wait: seen with 2.11)
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
 
     for method, url in (("tcp", f"tcp://{os.environ['MASTER_ADDR']}:{port}"), ("file", f"file://{path}")):
         start = time.perf_counter()
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world)  # DDP
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world, timeout=TIMEOUT)  # DDP
         took = time.perf_counter() - start
         total = check_group()
         say(f"{method}://  rank 0 of {world}: all_reduce(rank + 1) = {total:g}, set-up {took:.2f} s   ({url})")
@@ -168,7 +177,7 @@ def main(args):
     if args.part == "init":
         init_methods(env, log)
         return
-    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size)  # DDP
+    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size, timeout=TIMEOUT)  # DDP
     warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")  # we show it on purpose
     broadcast_at_wrap(log)
     accumulate_with_no_sync(log)
