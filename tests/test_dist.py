@@ -13,6 +13,7 @@ import torch
 
 from conftest import AT_ONCE_S, ROOT, ranks_part, run, torchrun_cmd
 from dpcourse import CourseError
+from dpcourse import dist as dpcourse_dist
 from dpcourse.dist import (DistEnv, _tasks_per_node, bound_one_each, choose_backend, default_port, describe_gpus,
                            env_info, free_port, gpu_roll_call, job_gpus, place, why_no_gpu)
 
@@ -127,9 +128,44 @@ def test_why_no_gpu_names_the_job_that_asked_for_none(monkeypatch):
         assert "no GPU on this machine" in why_no_gpu({})
 
 
+def test_why_no_gpu_names_cuda_visible_devices_where_it_hides_the_gpus(tmp_path, monkeypatch):
+    """Seen on an H100 node: CUDA_VISIBLE_DEVICES= (empty) and --device cuda said "there is no GPU on this
+    machine". Where nvidia-smi lists GPUs, the variable is the cause, and the message names it."""
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only build of torch: why_no_gpu says that first")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 99.0 |'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert why_no_gpu({"CUDA_VISIBLE_DEVICES": ""}).startswith(
+        "CUDA_VISIBLE_DEVICES is set and empty, which hides every GPU nvidia-smi lists here: unset it")
+    for environ, shown in (({}, "unset"), ({"CUDA_VISIBLE_DEVICES": "0"}, "0")):  # not the variable's fault
+        assert why_no_gpu(environ).startswith(f"nvidia-smi lists GPUs here, but CUDA finds none (CUDA_VISIBLE_DEVICES={shown};")
+
+
+def test_the_driver_version_comes_from_the_kernel_module_or_nvidia_smi(tmp_path, monkeypatch):
+    """torch has no call for the driver's version (the roll call and make gpu-check printed "driver ?" on
+    an H100 node): the kernel module's file says it, else nvidia-smi, else "?"."""
+    proc = tmp_path / "version"
+    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  2 2025\n"
+                    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    assert dpcourse_dist._driver(str(proc)) == "580.159.04"
+    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.35.03  Release Build  "
+                    "(dvs-builder@U16-I3-B03-4-3)  Fri Aug 16 21:42:42 UTC 2024\n")
+    assert dpcourse_dist._driver(str(proc)) == "560.35.03"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 535.104.05\necho 535.104.05\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    assert dpcourse_dist._driver(str(tmp_path / "absent")) == "535.104.05"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver'\nexit 9\n")
+    assert dpcourse_dist._driver(str(tmp_path / "absent")) == "?"
+
+
 def _gpu_row(rank, node, local_rank, uuid):
     return {"rank": rank, "node": node, "local_rank": local_rank, "device": "cuda:0", "name": "NVIDIA H100",
-            "uuid": uuid, "visible": str(local_rank), "torch": "2.14.1", "cuda": "13.0", "driver": "for CUDA 13.0"}
+            "uuid": uuid, "visible": str(local_rank), "torch": "2.14.1", "cuda": "13.0", "driver": "580.159.04"}
 
 
 def test_rank0_lists_each_ranks_gpu_and_two_ranks_on_one_gpu_stop_the_run():

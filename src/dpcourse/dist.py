@@ -244,6 +244,13 @@ def why_no_gpu(environ=None) -> str:
     if job_gpus(e) is None:
         if "SLURM_JOB_ID" in e:
             return "the job asked Slurm for no GPU: add #SBATCH --gpus-per-node=N (or --gpus-per-task=1)"
+        if shutil.which("nvidia-smi"):  # it listed GPUs (else we returned above), and CUDA finds none
+            if e.get("CUDA_VISIBLE_DEVICES", "unset").strip() == "":
+                return ("CUDA_VISIBLE_DEVICES is set and empty, which hides every GPU nvidia-smi lists here: "
+                        "unset it, or name the GPUs by index from 0 (CUDA_VISIBLE_DEVICES=0,1)")
+            return (f"nvidia-smi lists GPUs here, but CUDA finds none (CUDA_VISIBLE_DEVICES="
+                    f"{e.get('CUDA_VISIBLE_DEVICES', 'unset')}; this PyTorch's CUDA is {torch.version.cuda}): "
+                    "compare with nvidia-smi, and ask your admins")
         return "there is no GPU on this machine"
     return (f"CUDA finds none of the GPUs Slurm gave the job ({job_gpus(e)}; CUDA_VISIBLE_DEVICES="
             f"{e.get('CUDA_VISIBLE_DEVICES', 'unset')}): check nvidia-smi on the node")
@@ -325,11 +332,22 @@ def describe_gpus(rows: list[dict]) -> tuple[list[str], str | None]:
                    "--gpus-per-task=1), or start fewer processes per node.")
 
 
-def _driver() -> str:
-    try:  # the CUDA version the driver supports, e.g. 12040 -> 12.4
-        v = torch._C._cuda_getDriverVersion()
-        return f"for CUDA {v // 1000}.{v % 1000 // 10}"
-    except (AttributeError, RuntimeError):
+def _driver(proc: str = "/proc/driver/nvidia/version") -> str:
+    """The NVIDIA driver's version, e.g. 580.159.04: from the kernel module's file (no process
+    started), else from nvidia-smi; "?" if neither says. torch has no call for it."""
+    try:
+        with open(proc) as f:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ...", or
+            found = re.search(r"Kernel Module(?: for \S+)?\s+([\d.]+)", f.read())  # "...Open Kernel Module for x86_64  580.159.04"
+        if found:
+            return found.group(1)
+    except OSError:
+        pass
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        first = smi.stdout.split("\n", 1)[0].strip()
+        return first if smi.returncode == 0 and re.fullmatch(r"[\d.]+", first) else "?"
+    except (OSError, subprocess.SubprocessError):
         return "?"
 
 
