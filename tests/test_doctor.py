@@ -124,6 +124,17 @@ def test_more_processes_than_gpus(monkeypatch):
     assert doctor.check_gpus(one, "nccl")[0][0] == "ok" and doctor.check_backends(one, "auto")[1] == "nccl"
 
 
+def test_a_torch_other_than_the_tested_one_is_a_warning_that_says_which(monkeypatch):
+    """A GPU node's own PyTorch 2.11 ran the notebooks there into calls it lacks: the doctor says so first."""
+    pin = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert doctor.TESTED_TORCH == pin
+    monkeypatch.setattr(torch, "__version__", f"{pin}+cu130")
+    assert doctor.check_torch()[0][0] == doctor.OK
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    [(level, topic, said)] = doctor.check_torch()
+    assert (level, topic) == (doctor.WARNING, "torch") and said.startswith(f"2.11.0+cu130, not the {pin} the course")
+
+
 def test_summary_line():
     assert doctor.summary([("ok", "torch", "")]) == "all ok"
     assert doctor.summary([("problem", "port", ""), ("warning", "GPUs", ""), ("problem", "data", "")]) == \
