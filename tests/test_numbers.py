@@ -276,10 +276,7 @@ ALLOWED = [
     allow("solutions/09_*.ipynb", ("120 s before", "100 steps", "60 steps", "60 s"), SETTING + ": the templates' "
           "--signal and --checkpoint-every, the short run, the lab's --timeout and roll call"),
     allow("solutions/09_*.ipynb", "120 s by default", "Slurm's documented default (the job credential's lifetime): a definition"),
-    allow("solutions/10_*.ipynb", ("about 140 GB", "110 KB", "45 times"),
-          "TODO issue 26: a published figure without its source (author, year)"),
     allow("solutions/10_*.ipynb", ("guessing gives 10 %", "50 % top-5"), "chance level over 10 classes: a definition"),
-    allow("solutions/10_*.ipynb", ("2,500 img/s", "20,000 img/s"), "arithmetic on an example GPU's throughput"),
     allow("solutions/10_*.ipynb", "5 epochs", "Goyal et al. (2017)'s warm-up, cited in section 4: published"),
     allow("solutions/10_*.ipynb", ("4 epochs", "6 steps"), SETTING),
     allow("solutions/10_*.ipynb", "75–76 %", "published: the papers of the table that follows, each cited there"),
