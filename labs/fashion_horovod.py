@@ -31,9 +31,9 @@ from dpcourse import CourseError, dist as ddp_env, preemption
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.metrics import JsonLog
 from dpcourse.models import FashionCNN
+from dpcourse.optim import REFERENCE_BATCH, warmup_then_decay
 from dpcourse.options import Defaults  # --help with each option's default, once
 
-REFERENCE_BATCH = 128  # --lr is the learning rate for this global batch (see --lr-scaling)
 
 
 def setup(args):
@@ -89,10 +89,8 @@ def make_optimizer(args, model, lr, steps_per_epoch):
                               weight_decay=args.weight_decay)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    total = max(1, args.epochs * steps_per_epoch)
-    warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
-    ramp = lambda step: (step + 1) / warmup if step < warmup else max(0.0, (total - step) / (total - warmup))  # noqa: E731
-    return opt, ramp
+    total, warmup = args.epochs * steps_per_epoch, max(1, round(args.warmup_epochs * steps_per_epoch))
+    return opt, warmup_then_decay(total, warmup)
 
 
 def evaluate(model, test_set, device, dtype=torch.float32, batch=1000):

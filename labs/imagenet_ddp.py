@@ -19,7 +19,6 @@ counted once, top-1 and top-5. Rank 0 prints, logs (--log-json) and checkpoints.
 Every line that exists because of distribution is marked `# DDP:`.
 """
 import argparse
-import math
 import multiprocessing as mp
 import os
 import time
@@ -37,6 +36,7 @@ from tqdm.auto import tqdm
 from dpcourse import dist as ddp_env, preemption
 from dpcourse.images import collate_bytes, decode_batch, image_dataset, normalize, stage
 from dpcourse.metrics import JsonLog
+from dpcourse.optim import warmup_then_decay
 from dpcourse.options import Defaults  # --help with each option's default, once
 
 # DataLoader workers start from a clean server process, not as forks of this one: a fork copies a
@@ -221,9 +221,8 @@ def main(args):
     model = model.to(device, memory_format=fmt)
     lr = args.lr * global_batch / REFERENCE_BATCH if args.lr_scaling == "linear" else args.lr
     opt = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=0.9)
-    total, warmup = max(1, args.epochs * steps_per_epoch), round(args.warmup_epochs * steps_per_epoch)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warmup if s < warmup else
-                                              0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
+    total, warmup = args.epochs * steps_per_epoch, round(args.warmup_epochs * steps_per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup, decay="cosine"))
     config = {"arch": args.arch, "classes": classes, "image_size": args.image_size,
               "world_size": world_size, "global_batch": global_batch}
     progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0}

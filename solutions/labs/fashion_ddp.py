@@ -35,10 +35,9 @@ from dpcourse import dist as ddp_env, preemption
 from dpcourse.data import InMemoryFashionMNIST, torchvision_fashion_mnist
 from dpcourse.metrics import JsonLog, StepTimer
 from dpcourse.models import FashionCNN
-from dpcourse.optim import LARS
+from dpcourse.optim import LARS, REFERENCE_BATCH, warmup_then_decay
 from dpcourse.options import Defaults  # --help with each option's default, once
 
-REFERENCE_BATCH = 128  # --lr is the learning rate for this global batch (see --lr-scaling)
 
 
 def setup(args):
@@ -88,10 +87,8 @@ def make_optimizer(args, model, batch, world_size, steps_per_epoch):
         opt = LARS(model.parameters(), lr=lr, momentum=0.9, weight_decay=args.weight_decay, eta=args.lars_eta)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    total = max(1, args.epochs * steps_per_epoch)
-    warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
-    ramp = lambda step: (step + 1) / warmup if step < warmup else max(0.0, (total - step) / (total - warmup))  # noqa: E731
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, ramp), lr
+    total, warmup = args.epochs * steps_per_epoch, max(1, round(args.warmup_epochs * steps_per_epoch))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup)), lr
 
 
 def train_batches(args, train_set, sampler, batch, device):

@@ -6,10 +6,38 @@ layer its own rate, ``trust · lr`` with ``trust = eta · ‖w‖ / (‖g‖ + w
 layer moves by about the same fraction of its weights per step. Biases and normalisation weights
 (1-D tensors) are left out of the adaptation and the weight decay, as in the paper's ImageNet runs.
 LAMB (You et al., 2019) is the same idea on top of Adam's update.
+
+Also the one learning-rate schedule of every lab and of notebook 08's explorer,
+``warmup_then_decay``, and the FashionMNIST labs' ``REFERENCE_BATCH``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
+REFERENCE_BATCH = 128  # the FashionMNIST labs: --lr is the learning rate tuned for this global batch (notebook 08)
+
+
+def warmup_then_decay(total: int, warmup: int, decay: str = "linear"):
+    """The labs' schedule, as ``LambdaLR``'s factor of the peak rate at each step (counted from 0): a
+    linear climb over the first ``warmup`` steps (the peak at step ``warmup - 1``; Goyal et al., 2017),
+    then a linear or cosine decay to 0 at step ``total``. A warm-up as long as the run or longer climbs
+    all the run and never decays (the peak at the last step only if they are equal); after the last
+    step, 0. No division by zero, whatever the two numbers."""
+    if decay not in ("linear", "cosine"):
+        raise ValueError(f"decay must be 'linear' or 'cosine', not {decay!r}")
+    total, warmup = max(1, total), max(0, warmup)
+
+    def factor(step: int) -> float:
+        if step >= total:
+            return 0.0
+        if step < warmup:
+            return (step + 1) / warmup
+        left = (total - step) / (total - warmup)  # 1 at the end of the warm-up, then down (warmup <= step < total)
+        return left if decay == "linear" else 0.5 * (1 + math.cos(math.pi * (1 - left)))
+
+    return factor
 
 
 class LARS(torch.optim.Optimizer):

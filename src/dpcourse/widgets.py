@@ -9,6 +9,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .optim import REFERENCE_BATCH, warmup_then_decay  # the labs' own, for notebook 08's explorers
+
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
 
 # Set by dpcourse.course.execute in the kernels it starts (make course, make check, tests); a kernel
@@ -115,7 +117,6 @@ def lr_batch_explorer(X: torch.Tensor, y: torch.Tensor, samples: int = 30_000):
 
 
 # ---------------------------------------------------------------- notebook 08: learning-rate rules
-REFERENCE_BATCH = 128  # fashion_ddp.py: --lr is the learning rate tuned for this global batch
 TRAIN_IMAGES = 60_000  # FashionMNIST's training set
 LR_RULES = ("none", "linear", "sqrt")
 
@@ -147,11 +148,7 @@ def lr_schedule(rule: str, base_lr: float, batch: int, world_size: int, warmup_e
                          "training images: not one step per epoch")
     peak = peak_lr(rule, base_lr, batch * world_size)
     total = max(1, epochs * steps_per_epoch)
-    warmup = max(1, round(warmup_epochs * steps_per_epoch))
-
-    def factor(step):  # the lab's LambdaLR
-        return (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
-
+    factor = warmup_then_decay(total, max(1, round(warmup_epochs * steps_per_epoch)))  # the lab's LambdaLR
     return [peak * factor(step) for step in range(total + 1)]
 
 
