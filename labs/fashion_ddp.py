@@ -39,7 +39,6 @@ from dpcourse.optim import LARS, REFERENCE_BATCH, warmup_then_decay
 from dpcourse.options import Defaults  # --help with each option's default, once
 
 
-
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
     env = ddp_env.prepare(backend=args.backend, device=args.device)

@@ -47,7 +47,7 @@ fi
 # torchrun --tee=3 tags each line a rank prints "[rankN]:". The variable, not torchrun's
 # --log-line-prefix-template flag: PyTorch 2.11 has no such flag, 2.14 reads both. Like MASTER_ADDR,
 # it reaches torchrun through srun's and apptainer's environment (not with sbatch --export=NONE or
-# apptainer --cleanenv: the lines then go untagged).
+# apptainer --cleanenv: the lines are then tagged "[default0]:", the local rank, alike on every node).
 # shellcheck disable=SC2016  # ${rank} is torchrun's to fill in, not the shell's
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'
 

@@ -35,7 +35,6 @@ from dpcourse.optim import REFERENCE_BATCH, warmup_then_decay
 from dpcourse.options import Defaults  # --help with each option's default, once
 
 
-
 def setup(args):
     """The device of this process, after Horovod has found its peers."""
     if args.fusion_threshold_mb is not None:

@@ -253,8 +253,9 @@ def main(args):
               f"steps per epoch, {env.backend} on {device}, amp {log.common['amp']}, channels_last {channels_last}"
               + (f", resumed at step {progress['step']}" if resume else ""), flush=True)
         if args.warmup_epochs >= args.epochs:
-            print(f"note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: the rate never "
-                  f"reaches {lr:g} and never decays. Give fewer warm-up epochs (Goyal et al.: 5 of 90).", flush=True)
+            print(f"note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: the rate climbs "
+                  f"all the run towards {lr:g} and never decays. Give fewer warm-up epochs (Goyal et al.: 5 of 90).",
+                  flush=True)
 
     step, epoch = progress["step"], progress["epoch"]
     window = {"images": 0, "seconds": 0.0, "data_s": 0.0, "loss": torch.zeros((), device=device), "steps": 0}

@@ -34,8 +34,9 @@ def warmup_then_decay(total: int, warmup: int, decay: str = "linear"):
             return 0.0
         if step < warmup:
             return (step + 1) / warmup
-        left = (total - step) / (total - warmup)  # 1 at the end of the warm-up, then down (warmup <= step < total)
-        return left if decay == "linear" else 0.5 * (1 + math.cos(math.pi * (1 - left)))
+        if decay == "linear":  # 1 at the end of the warm-up, then down (warmup <= step < total)
+            return (total - step) / (total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
 
     return factor
 
