@@ -131,8 +131,9 @@ def test_a_torch_other_than_the_tested_one_is_a_warning_that_says_which(monkeypa
     monkeypatch.setattr(torch, "__version__", f"{pin}+cu130")
     assert doctor.check_torch()[0][0] == doctor.OK
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    [(level, topic, said)] = doctor.check_torch()
+    (level, topic, said), build = doctor.check_torch()  # the warning, then the build's line as before
     assert (level, topic) == (doctor.WARNING, "torch") and said.startswith(f"2.11.0+cu130, not the {pin} the course")
+    assert build[:2] == (doctor.OK, "torch") and build[2].startswith("2.11.0+cu130, ")
 
 
 def test_summary_line():

@@ -53,10 +53,14 @@ TESTED_TORCH = "2.14.1"
 
 def check_torch() -> list:
     release = torch.__version__.split("+")[0]
-    if release != TESTED_TORCH:  # e.g. a site's own PyTorch module or container
+    if release != TESTED_TORCH:  # e.g. a site's own PyTorch module or container: said first, then the build
         return [(WARNING, "torch", f"{torch.__version__}, not the {TESTED_TORCH} the course is tested with: some "
                  "labs call what older releases lack (2.11 has no dist.reduce_scatter_single, which notebook 03 "
-                 "uses). Use the course's environment: make setup, or the course's container.")]
+                 "uses). Use the course's environment: make setup, or the course's container."), *_torch_build()]
+    return _torch_build()
+
+
+def _torch_build() -> list:
     if not torch.version.cuda:
         return [(OK, "torch", f"{torch.__version__}, a CPU-only build (no CUDA, no NCCL): fine on a CPU node")]
     try:
