@@ -101,3 +101,37 @@ def test_lars_scales_each_weight_matrix_by_its_trust_ratio():
     assert torch.allclose(w, w0 - 0.5 * trust * (w.grad + 0.01 * w0))
     assert torch.allclose(b, b0 - 0.5 * b.grad)  # biases: plain SGD, no decay
     assert not math.isclose(trust.item(), 1.0)
+
+
+def test_the_step_timer_wraps_the_collectives_only_while_a_step_is_open():
+    """StepTimer counts the bytes of torch.distributed's collectives by wrapping them: from start() to stop()
+    only, with torch's own functions back after each step, after close(), and on leaving a with block;
+    a disabled timer wraps nothing."""
+    import torch.distributed as dist
+
+    from dpcourse.metrics import StepTimer
+
+    own = {name: getattr(dist, name) for name in StepTimer.COUNTED}
+
+    def wrapped():
+        return sorted(name for name in StepTimer.COUNTED if getattr(dist, name) is not own[name])
+
+    timer = StepTimer("cpu")
+    assert wrapped() == [], "wrapped before any step"
+    for _ in range(2):
+        timer.start()
+        assert wrapped() == sorted(StepTimer.COUNTED), "not counting during a step"
+        timer.lap("forward")
+        timer.stop()
+        assert wrapped() == [], "torch's collectives not restored after a step"
+    timer.start()
+    timer.close()
+    assert wrapped() == [] and not timer.open, "close() left a step's wrappers"
+    with StepTimer("cpu") as left_open:
+        left_open.start()
+    assert wrapped() == [], "leaving the with block did not restore torch's collectives"
+    off = StepTimer("cpu", enabled=False)
+    off.start()
+    assert wrapped() == [], "a disabled timer wrapped the collectives"
+    off.stop()
+    assert timer.steps == 2 and set(timer.report()["split_ms"]) == {"forward"} and off.report() == {}

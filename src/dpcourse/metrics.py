@@ -2,7 +2,7 @@
 
 One object per line; at least ``event``, ``epoch``, ``step``, ``world_size``, ``global_batch``,
 ``train_loss``, ``test_accuracy``, ``samples_per_s``, ``elapsed_s`` for training events
-(DESIGN.md §4). Plots read these files, never numbers typed into a cell.
+(docs/design.md §3). Plots read these files, never numbers typed into a cell.
 
 ``StepTimer`` adds where the time of a step goes, and the bytes it sends (``--time-split``).
 """
@@ -68,6 +68,10 @@ class StepTimer:
     in groups of more than one rank. DDP's built-in all-reduce runs in C++ and is not seen: time a
     run with a registered hook (``default_hooks.allreduce_hook`` does what the built-in does).
 
+    The counting wraps those ``torch.distributed`` functions from ``start()`` to ``stop()`` only, and
+    puts torch's own back after each step; ``close()`` (or leaving a ``with StepTimer(...)`` block)
+    puts them back if a step was left open. Nothing outside a timed step is wrapped.
+
     Disabled (``enabled=False``), every method returns at once: the lab keeps its lines either way.
     On a GPU, each lap synchronises the device so that the times are true, which costs a little.
     """
@@ -79,9 +83,27 @@ class StepTimer:
         self.sync = torch.cuda.synchronize if getattr(device, "type", device) == "cuda" else (lambda: None)
         self._reset()
         self.open = False
-        if enabled:
-            for name in self.COUNTED:
-                setattr(dist, name, self._counting(getattr(dist, name)))
+        self._torch_own = None  # torch.distributed's collectives while ours count them
+
+    def _wrap(self):
+        if self._torch_own is None:
+            self._torch_own = {name: getattr(dist, name) for name in self.COUNTED}
+            for name, collective in self._torch_own.items():
+                setattr(dist, name, self._counting(collective))
+
+    def close(self):
+        """Put torch.distributed's own collectives back (a step left open stops counting)."""
+        if self._torch_own is not None:
+            for name, collective in self._torch_own.items():
+                setattr(dist, name, collective)
+            self._torch_own = None
+        self.open = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _reset(self):
         self.ms, self.steps, self.comm_s, self.bytes, self.buckets = {}, 0, 0.0, 0, 0
@@ -104,6 +126,7 @@ class StepTimer:
             self.t = time.perf_counter()
             self.last_ready = None
             self.open = True
+            self._wrap()
 
     def lap(self, phase: str):
         """Close ``phase``: the time since the previous lap (or start) is added to it."""
@@ -124,7 +147,7 @@ class StepTimer:
     def stop(self):
         if self.enabled:
             self.steps += 1
-            self.open = False
+            self.close()
 
     def timed(self, hook):
         """A DDP communication hook that does what ``hook`` does, and times it."""
