@@ -39,3 +39,13 @@ def test_one_process_is_refused_in_one_line(script, says):
     result = run([sys.executable, str(LABS / script)], timeout=60)
     assert result.returncode != 0 and says in result.stdout, result.stdout
     assert "Traceback" not in result.stdout
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_the_sharded_optimizer_is_a_torch_optimizer(nproc):
+    """labs/sharded_optimizer.py's ShardedOptimizer as a learner's project uses an optimizer: parameter groups,
+    a learning-rate scheduler, step(closure), and a save/load round trip with each rank's own shard
+    (tests/helpers/sharded_optimizer_api.py)."""
+    result = run(torchrun_cmd(nproc, ROOT / "tests" / "helpers" / "sharded_optimizer_api.py"), timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert f"ok: {nproc} ranks, 2 parameter groups, StepLR" in result.stdout, result.stdout

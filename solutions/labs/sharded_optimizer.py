@@ -34,11 +34,16 @@ from dpcourse import dist as ddp_env
 from dpcourse.metrics import JsonLog
 
 
-class ShardedOptimizer:
-    """``optimizer_cls`` over this rank's share of ``params``; ``step()`` updates all of them."""
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``optimizer_cls`` over this rank's share of ``params``; ``step()`` updates all of them.
+
+    A ``torch.optim.Optimizer``, as torch's ``ZeroRedundancyOptimizer`` is: parameter groups,
+    ``param_groups`` that a learning-rate scheduler changes, ``step(closure)``, ``zero_grad()``, and
+    ``state_dict()`` / ``load_state_dict()`` of this rank's shard (save one file per rank)."""
 
     def __init__(self, params, optimizer_cls, **kwargs):
-        self.params = [p for p in params if p.requires_grad]
+        super().__init__(params, kwargs)  # self.param_groups: every parameter, in its group
+        self.params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
         if len(self.params) < world_size:  # a rank without a share would build an empty optimizer
             raise ValueError(f"{len(self.params)} parameter tensors cannot be shared by {world_size} ranks")
@@ -48,26 +53,50 @@ class ShardedOptimizer:
         for p in sorted(self.params, key=lambda p: p.numel(), reverse=True):  # a stable sort
             self.owner[p] = load.index(min(load))
             load[self.owner[p]] += p.numel()
-        self.mine = [p for p in self.params if self.owner[p] == rank]  # DDP: my share
+        # DDP: my share, group by group (a group may hold none of mine; its options still count)
+        self.mine = [{**group, "params": [p for p in group["params"] if self.owner.get(p) == rank]}
+                     for group in self.param_groups]
         ### BEGIN SOLUTION (hint: build optimizer_cls with **kwargs over this rank's own parameters only, as self.local)
         self.local = optimizer_cls(self.mine, **kwargs)  # DDP: state for my share only
         ### END SOLUTION
+        self._options_to(self.param_groups, self.local.param_groups)  # its defaults (betas, ...) shown too
+        self.state = self.local.state  # what this rank holds: its share's state
 
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:  # every gradient, not only my share's: every rank computes them all
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+    @staticmethod
+    def _options_to(groups, sources):
+        """Every option but the parameters, from each source group to its group (lr, betas, ...)."""
+        for group, source in zip(groups, sources):
+            group.update({key: value for key, value in source.items() if key != "params"})
 
     @torch.no_grad()
-    def step(self):
+    def step(self, closure=None):
         """Call it where you would call ``optimizer.step()``: after the gradients are averaged."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._options_to(self.local.param_groups, self.param_groups)  # e.g. a scheduler's new lr
         ### BEGIN SOLUTION (hint: step this rank's own optimizer, then send every parameter from its owner to all ranks with dist.broadcast)
         self.local.step()  # DDP: update my share of the parameters
         for p in self.params:  # mine and the others': every rank sends what it owns
             dist.broadcast(p, src=self.owner[p])  # DDP: from its owner to every rank
         ### END SOLUTION
+        return loss
+
+    def state_dict(self):
+        """This rank's shard of the state: each rank saves its own (e.g. to last-rank{rank}.pt)."""
+        self._options_to(self.local.param_groups, self.param_groups)  # a scheduler's lr since the last step
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),  # DDP: whose shard
+                "local": self.local.state_dict()}
+
+    def load_state_dict(self, state_dict):
+        here = (dist.get_rank(), dist.get_world_size())  # DDP: a shard belongs to one rank of one layout
+        if (state_dict["rank"], state_dict["world_size"]) != here:
+            raise ValueError(f"this shard was saved by rank {state_dict['rank']} of {state_dict['world_size']}, "
+                             f"not rank {here[0]} of {here[1]}: load each rank's own file, with as many ranks")
+        self.local.load_state_dict(state_dict["local"])
+        self._options_to(self.param_groups, self.local.param_groups)
+        self.state = self.local.state
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (Adam: its two moments and a step count per parameter)."""
@@ -93,7 +122,7 @@ class UnevenNet(nn.Sequential):
 def compare(args, env, optimizer_cls, **hyper):
     """ShardedOptimizer(optimizer_cls) against the unsharded optimizer, given the same gradients
     step after step; (max |Δ| over the steps, this rank's state bytes, the unsharded state bytes)."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     G, gen = 8 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
     batches = [(torch.randn(G, 20, generator=gen), torch.randint(8, (G,), generator=gen))
                for _ in range(args.steps)]
@@ -122,7 +151,7 @@ def compare(args, env, optimizer_cls, **hyper):
 
 def check(args, env):
     """ShardedOptimizer against AdamW and SGD with momentum, unsharded; True if it matches and shards."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     if world_size < 2:  # with one rank there is nothing to shard, and a missing broadcast goes unseen
         ddp_env.stop(env, "the check needs at least 2 ranks: "
                      "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
