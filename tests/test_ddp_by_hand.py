@@ -180,7 +180,7 @@ def test_student_copy_stops_at_its_stubs_with_the_hint():
 
 
 def test_buckets_hooks_and_overlap():
-    """Buckets in reverse parameter order under a byte cap; frozen weights left out, a tied
+    """Buckets in reverse parameter order under a byte cap (None: one bucket); frozen weights left out, a tied
     weight once; all-reduces started inside backward, except where a skipped layer's
     parameters keep a bucket from filling up."""
     result = run([sys.executable, str(ROOT / "tests/helpers/by_hand_layout.py"), str(SOLUTION)], timeout=60)
@@ -188,12 +188,12 @@ def test_buckets_hooks_and_overlap():
     out = json.loads(result.stdout.strip().splitlines()[-1])
     trainable = [n for n in out["parameters"] if n != "frozen.weight"]
     assert out["overlap_params"] == trainable  # hidden.weight (tied to again.weight) once
-    assert out["buckets"]["100"] == [trainable[::-1]]
+    assert out["buckets"]["100"] == out["buckets"]["None"] == [trainable[::-1]]  # None: one bucket, no cap
     assert out["buckets"]["0"] == [[n] for n in trainable[::-1]]
     # 0.0012 MiB = 1258 bytes: head (16 + 256 B) + extra.bias (64 B); extra.weight (1 KiB) + hidden.bias; ...
     assert out["buckets"]["0.0012"] == [["head.bias", "head.weight", "extra.bias"],
                                         ["extra.weight", "hidden.bias"],
                                         ["hidden.weight", "frozen.bias", "embed.bias"], ["embed.weight"]]
     # A step without the extra layer: its two parameters get no gradient and no hook call.
-    assert out["started"] == {"BucketDDP 100": [1, 0, 1], "BucketDDP 0.0012": [4, 2, 4],
+    assert out["started"] == {"BucketDDP 100": [1, 0, 1], "BucketDDP None": [1, 0, 1], "BucketDDP 0.0012": [4, 2, 4],
                               "BucketDDP 0": [9, 7, 9], "OverlapDDP": [9, 7, 9]}

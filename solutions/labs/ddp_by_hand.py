@@ -26,7 +26,6 @@ must match one process trained on the whole global batch (one line per class: ok
 import argparse
 import statistics
 import time
-import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -38,6 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from dpcourse import checks
 from dpcourse import dist as ddp_env
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.metrics import JsonLog
@@ -64,7 +64,7 @@ class NaiveDDP(HandMadeDDP):
     """Step 1: once backward is over, one all-reduce per gradient, one after the other."""
 
     def finish_gradient_synchronization(self):
-        world_size = dist.get_world_size()
+        world_size = dist.get_world_size()  # DDP: to turn each sum into the average
         for p in self.params:
             if p.grad is None:  # unused in this step (on every rank): left alone, as in one process
                 continue
@@ -88,7 +88,7 @@ class OverlapDDP(HandMadeDDP):
         self.works.append((p, dist.all_reduce(p.grad, async_op=True)))  # DDP: start, don't wait
 
     def finish_gradient_synchronization(self):
-        world_size = dist.get_world_size()
+        world_size = dist.get_world_size()  # DDP: to turn each sum into the average
         for p, work in self.works:
             work.wait()  # DDP: this gradient's sum has arrived
             p.grad /= world_size
@@ -108,15 +108,16 @@ class Bucket:
 
 class BucketDDP(HandMadeDDP):
     """Step 3: fewer, larger all-reduces. The gradients are copied into buckets of at most
-    ``bucket_cap_mb`` MiB (one parameter per bucket if it is larger), in reverse parameter
-    order, and a bucket is all-reduced as soon as its last gradient is in."""
+    ``bucket_cap_mb`` MiB (one parameter per bucket if it is larger; None: one bucket for all,
+    where torch's DDP reads None as its default of 25 MiB), in reverse parameter order, and a
+    bucket is all-reduced as soon as its last gradient is in."""
 
     def __init__(self, module, bucket_cap_mb=25.0):
         super().__init__(module)
         groups, size = [], 0
         for p in reversed(self.params):  # backward makes the last layers' gradients first
             nbytes = p.numel() * p.element_size()
-            if not groups or size + nbytes > bucket_cap_mb * 2**20:  # full: start another one
+            if not groups or bucket_cap_mb is not None and size + nbytes > bucket_cap_mb * 2**20:  # full: another
                 groups.append([])
                 size = 0
             groups[-1].append(p)
@@ -125,7 +126,7 @@ class BucketDDP(HandMadeDDP):
                         for ps in groups]
         for bucket in self.buckets:
             for p, slot in zip(bucket.params, bucket.slots()):
-                p.register_post_accumulate_grad_hook(partial(self._grad_ready, bucket, slot))  # DDP
+                p.register_post_accumulate_grad_hook(partial(self._grad_ready, bucket, slot))  # DDP: runs in backward
 
     def _grad_ready(self, bucket, slot, p):  # autograd calls this once p.grad is complete
         slot.copy_(p.grad.flatten())  # DDP: into this parameter's slot of the bucket
@@ -136,7 +137,7 @@ class BucketDDP(HandMadeDDP):
         ### END SOLUTION
 
     def finish_gradient_synchronization(self):
-        world_size = dist.get_world_size()
+        world_size = dist.get_world_size()  # DDP: to turn each bucket's sum into the average
         for bucket in self.buckets:
             if bucket.work is None:  # a parameter unused in this step kept it from filling up
                 bucket.work = dist.all_reduce(bucket.buffer, async_op=True)  # DDP: send it now
@@ -149,20 +150,6 @@ class BucketDDP(HandMadeDDP):
             bucket.waiting, bucket.work = len(bucket.params), None  # ready for the next step
 
 
-def label(name, model):
-    """'BucketDDP (4 buckets)': a variant's name in the table and in --check's lines."""
-    if not isinstance(model, BucketDDP):
-        return name
-    n = len(model.buckets)
-    each = ", 1 parameter each" if 1 < n == len(model.params) else ""
-    return f"{name} ({n} bucket{'s' if n > 1 else ''}{each})"
-
-
-def max_abs_diff(a, b):
-    """The largest |a - b| over two state dicts (parameters and buffers); NaN counts as inf."""
-    return torch.stack([(a[k] - b[k]).abs().max() for k in a]).max().nan_to_num(torch.inf).item()
-
-
 # ---------------------------------------------------------------- training mode
 def train(model, data, args, env, name):
     """``args.steps`` SGD steps on this rank's shard of each global batch; median s/step."""
@@ -171,7 +158,7 @@ def train(model, data, args, env, name):
     G = args.global_batch_size
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
     seconds = []
-    for step in tqdm(range(args.steps), desc=name, disable=ddp_env.bar_off(rank)):  # DDP
+    for step in tqdm(range(args.steps), desc=name, disable=ddp_env.bar_off(rank)):  # DDP: a bar on rank 0 only
         x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
         start = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
@@ -187,7 +174,7 @@ def train(model, data, args, env, name):
 
 
 def compare_with_torch_ddp(args, env):
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     if args.global_batch_size % world_size or args.steps * args.global_batch_size > 60_000:
         raise SystemExit(f"--global-batch-size must be a multiple of the {world_size} ranks, "
                          "and --steps × --global-batch-size at most 60000 (one epoch)")
@@ -201,11 +188,11 @@ def compare_with_torch_ddp(args, env):
     for name, wrap in variants.items():
         torch.manual_seed(args.seed)  # the same initial weights for every variant
         model = wrap(FashionCNN().to(env.device))
-        name = label(name, model)
+        name = checks.label(name, model)
         ms = 1000 * train(model, data, args, env, name)
         if reference is None:  # torch's DDP, trained first
             reference = model.module.state_dict()
-        diff = torch.tensor(max_abs_diff(model.module.state_dict(), reference), device=env.device)
+        diff = torch.tensor(checks.max_abs_diff(model.module.state_dict(), reference), device=env.device)
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # DDP: the worst rank's difference
         rows.append((name, ms, diff.item()))
         log.write("variant", name=name, ms_per_step=round(ms, 3), max_abs_diff=diff.item(),
@@ -218,133 +205,12 @@ def compare_with_torch_ddp(args, env):
 
 
 # ---------------------------------------------------------------- --check
-class TinyNet(nn.Module):
-    """Built to trip a hand-made DDP: a frozen weight, one weight used by two layers, a layer
-    that ``forward(x, extra=False)`` skips (no gradient in that step), and a buffer."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(8, 16)
-        self.frozen = nn.Linear(16, 16)
-        self.frozen.weight.requires_grad_(False)  # no gradient: no hook, no all-reduce
-        self.hidden = nn.Linear(16, 16)
-        self.again = nn.Linear(16, 16, bias=False)
-        self.again.weight = self.hidden.weight  # tied: one Parameter, one .grad, two layers
-        self.extra = nn.Linear(16, 16)
-        self.head = nn.Linear(16, 4)
-        self.register_buffer("scale", torch.rand(16) + 0.5)
-
-    def forward(self, x, extra=True):
-        h = torch.tanh(self.frozen(torch.tanh(self.embed(x) * self.scale)))
-        h = torch.tanh(self.again(torch.tanh(self.hidden(h))))
-        if extra:
-            h = h + torch.tanh(self.extra(h))
-        return self.head(h)
-
-
-class StallWatch:
-    """Notes what would stall backward in the hooks: an all-reduce without ``async_op=True``,
-    or a ``wait()`` on one before backward has finished (the check wraps ``dist.all_reduce``)."""
-
-    def __init__(self):
-        self.in_backward, self.stalls, self.real = False, set(), dist.all_reduce
-
-    def __enter__(self):
-        def all_reduce(tensor, *args, async_op=False, **kwargs):
-            if not async_op:
-                if self.in_backward:
-                    self.stalls.add("a blocking all_reduce in a hook (it returns no work, and "
-                                    "backward waits for it): use async_op=True")
-                return self.real(tensor, *args, **kwargs)
-            return Watched(self.real(tensor, *args, async_op=True, **kwargs), self)
-        dist.all_reduce = all_reduce
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self.real
-
-
-class Watched:
-    """An all-reduce's work handle that tells its StallWatch when it is waited for too early."""
-
-    def __init__(self, work, watch):
-        self.work, self.watch = work, watch
-
-    def wait(self, *args):
-        if self.watch.in_backward:
-            self.watch.stalls.add("wait() on an all-reduce inside backward (backward then waits "
-                                  "for every sum): leave the waiting to finish_gradient_synchronization")
-        return self.work.wait(*args)
-
-    def __getattr__(self, name):
-        return getattr(self.work, name)
-
-
-def check(args, env, steps=4, lr=0.2, tolerance=1e-5):
-    """Each class against one process on the whole global batch; True if all of them agree."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
-    if world_size < 2:  # with one rank, a sum, a mean and doing nothing all look right
-        ddp_env.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes unseen): "
-                     "torchrun --standalone --nproc-per-node 2 labs/ddp_by_hand.py --check")
-    G, gen = 6 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
-    batches = [(torch.randn(G, 8, generator=gen).to(env.device),
-                torch.randint(4, (G,), generator=gen).to(env.device)) for _ in range(steps)]
-    torch.manual_seed(args.seed)  # rank 0's initial weights, which every rank can rebuild
-    one = TinyNet().to(env.device)
-    optimizer, after = torch.optim.SGD(one.parameters(), lr=lr), []
-    for step, (x, y) in enumerate(batches):  # one process, the whole global batch
-        optimizer.zero_grad()
-        F.cross_entropy(one(x, extra=step % 2 == 1), y).backward()
-        optimizer.step()
-        after.append({k: v.clone() for k, v in one.state_dict().items()})
-
+def check(args, env):
+    """Each class against one process on the whole global batch, on a model built to trip a
+    hand-made DDP (dpcourse.checks, the referee); True if all of them agree."""
     variants = [("NaiveDDP", NaiveDDP), ("OverlapDDP", OverlapDDP)] + [
         ("BucketDDP", partial(BucketDDP, bucket_cap_mb=mb)) for mb in (100, 0.0012, 0)]
-    all_ok = True
-    for name, wrap in variants:
-        torch.manual_seed(args.seed + rank)  # DDP: a different init on each rank, on purpose
-        model = wrap(TinyNet().to(env.device))
-        name = label(name, model)
-        optimizer, diff, idle = torch.optim.SGD(model.parameters(), lr=lr), 0.0, set()
-        try:
-            with StallWatch() as watch:
-                for step, (x, y) in enumerate(batches):
-                    optimizer.zero_grad()
-                    shard = slice(rank, None, world_size)  # DDP: this rank's rows of the global batch
-                    watch.in_backward = True
-                    F.cross_entropy(model(x[shard], extra=step % 2 == 1), y[shard]).backward()
-                    watch.in_backward = False
-                    for i, b in enumerate(getattr(model, "buckets", [])):  # full, yet not sent?
-                        if b.work is None and all(p.grad is not None for p in b.params):
-                            idle.add(i)
-                    model.finish_gradient_synchronization()  # DDP: .grad = the average
-                    optimizer.step()
-                    diff = max(diff, max_abs_diff(model.module.state_dict(), after[step]))
-        except NotImplementedError as err:  # a stub in the learner's copy: every rank meets it
-            line = traceback.extract_tb(err.__traceback__)[-1].lineno
-            if rank == 0:
-                print(f"{name}: not done yet — NotImplementedError: {err} (line {line})",
-                      flush=True)
-            all_ok = False
-            continue
-        worst = torch.tensor([diff, len(idle)], device=env.device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
-        diff, n_idle = worst[0].item(), int(worst[1].item())
-        if watch.stalls:  # every rank runs the same code, so every rank saw the same stalls
-            why = "; ".join(sorted(watch.stalls))
-        elif n_idle:
-            why = (f"{n_idle} full bucket(s) had no all-reduce work when backward ended: start a "
-                   "bucket's all-reduce with async_op=True in the hook that fills it, and keep "
-                   "its work in bucket.work")
-        elif not diff <= tolerance:
-            why = f"weights differ from one process by up to {diff:.2g} (tolerance {tolerance:g})"
-        else:
-            why = None
-        all_ok = all_ok and why is None
-        if rank == 0:  # DDP: one rank prints
-            verdict = f"ok (max |Δ| {diff:.0e})" if why is None else f"WRONG — {why}"
-            print(f"{name}: {verdict}", flush=True)
-    return all_ok
+    return checks.hand_made_ddp(variants, env, seed=args.seed)
 
 
 # ---------------------------------------------------------------- set-up and main
