@@ -91,7 +91,7 @@ class TensorParallelMLP(nn.Module):
 
 
 def tensor_part(args, env, log):
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: which shard is mine, of how many
     d = args.width
     torch.manual_seed(args.seed)  # the whole MLP, the same on every rank: the reference
     full = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)).to(env.device)
@@ -174,7 +174,7 @@ def gpipe_step(stage, x, y, M, rank, world_size, clock):
 
 
 def pipeline_part(args, env, log):
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: which stage am I, of how many
     if args.layers % world_size:
         ddp_env.stop(env, f"--layers {args.layers} does not split into {world_size} equal stages")
     whole, stage = stage_layers(args, rank, world_size, env.device)
@@ -196,7 +196,8 @@ def pipeline_part(args, env, log):
         ref = [p.grad for p in whole[rank * per:(rank + 1) * per].parameters()]
         same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(mine, ref))
         everyone = [None] * world_size
-        dist.all_gather_object(everyone, {"rank": rank, "busy_s": busy, "intervals": intervals, "same": same})  # DDP
+        # DDP: every stage's timings and verdict, on every rank
+        dist.all_gather_object(everyone, {"rank": rank, "busy_s": busy, "intervals": intervals, "same": same})
         ok = ok and all(r["same"] for r in everyone)
         rows.append((M, step_s, everyone))
     for M, step_s, everyone in rows[1:]:

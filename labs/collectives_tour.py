@@ -102,8 +102,8 @@ def send_recv(rank, world_size, device):
         dist.send(x, dst=nxt)  # DDP: point to point, to one rank
         dist.recv(got, src=prev)  # DDP: blocks until the message is here
     else:
-        dist.recv(got, src=prev)
-        dist.send(x, dst=nxt)
+        dist.recv(got, src=prev)  # DDP: odd ranks receive first: no deadlock
+        dist.send(x, dst=nxt)  # DDP: then pass their own row on
     return values(x), values(got)
 
 
@@ -174,7 +174,7 @@ def main(args):
         before, after = run(rank, world_size, env.device)
         # DDP: rank 0 collects every rank's view (with gather_object, itself a collective).
         views = [None] * world_size if rank == 0 else None
-        dist.gather_object((before, after), views, dst=0)
+        dist.gather_object((before, after), views, dst=0)  # DDP: every rank's view, into rank 0's list
         if rank == 0:  # DDP: one rank prints and logs
             before_all, after_all = [v[0] for v in views], [v[1] for v in views]
             labels = ("arrived (ms)", "left (ms)") if kind == "time" else ("before", "after")

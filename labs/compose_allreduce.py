@@ -24,7 +24,7 @@ from dpcourse.metrics import JsonLog
 def all_reduce_by_parts(t):
     """Sum ``t`` over all ranks, in place, like ``dist.all_reduce(t)``, with one reduce_scatter
     and one all_gather. Works for any shape and any number of elements."""
-    world_size = dist.get_world_size()
+    world_size = dist.get_world_size()  # DDP: P, the number of chunks
     # YOUR CODE HERE
     # Hint: reduce_scatter needs P equal chunks: copy t, flattened, into a zero-padded
     #       buffer whose length P divides;
@@ -96,7 +96,7 @@ def diagnose(got, before, expected, world_size):
 
 def check(args, env, log):
     """Every case on every rank against dist.all_reduce; rank 0 prints one verdict. True if right."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     gen = torch.Generator().manual_seed(args.seed + rank)  # DDP: different data on each rank
     todo, problem = cases(world_size), None
     with Calls() as calls:

@@ -59,7 +59,7 @@ def batch_sizes(args, env):
     if args.batch_size:
         return args.batch_size, args.batch_size * env.world_size
     if args.global_batch_size < env.world_size or args.global_batch_size % env.world_size:
-        ddp_env.stop(env, f"--global-batch-size {args.global_batch_size} does not split into "  # DDP
+        ddp_env.stop(env, f"--global-batch-size {args.global_batch_size} does not split into "  # DDP: P equal shares
                      f"{env.world_size} equal per-worker batches: use a multiple of {env.world_size}"
                      f" (e.g. {max(1, round(args.global_batch_size / env.world_size)) * env.world_size}),"
                      " or give --batch-size per worker.")
@@ -366,6 +366,7 @@ def main(args):
             save_checkpoint(Path(args.checkpoint_dir) / "last.pt", unwrap(model), opt, sched, progress, args, env)
         if stop_reason == "signal":
             print(preemption.stopped_message(caught, step, args.checkpoint_dir and Path(args.checkpoint_dir) / "last.pt"), flush=True)
+    timer.close()  # torch.distributed's own collectives back, were a timed step left open
     if stop_reason == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
         dist.barrier()  # DDP: wait for rank 0's checkpoint
     cleanup()
@@ -412,7 +413,7 @@ def should_stop(args, step, elapsed, caught, device):
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
     flags = torch.tensor([float(dist.get_rank() == 0 and args.time_budget is not None and elapsed >= args.time_budget),
-                          float(caught.number)], device=device)  # the signal's number, 0 if none
+                          float(caught.number)], device=device)  # DDP: rank 0's clock; the signal's number, 0 if none
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # DDP: one collective a step; the largest flag wins
     over, signum = flags.tolist()
     caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run

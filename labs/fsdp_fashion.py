@@ -62,12 +62,12 @@ def cleanup():
 def wrap(model, strategy, env):
     """The model as ``strategy`` runs it: DDP replicates it, FSDP shards it layer by layer."""
     if strategy in ("ddp", "zero1"):
-        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)  # DDP
-    mesh = init_device_mesh(env.device.type, (dist.get_world_size(),))  # DDP: the ranks that share
+        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)  # DDP: whole replicas
+    mesh = init_device_mesh(env.device.type, (dist.get_world_size(),))  # FSDP: the ranks that share
     for layer in model.modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
-            fully_shard(layer, mesh=mesh)  # DDP: its weights in shards, gathered for its compute
-    fully_shard(model, mesh=mesh)  # DDP: the rest (GroupNorm's weights) sharded at the root
+            fully_shard(layer, mesh=mesh)  # FSDP: its weights in shards, gathered for its compute
+    fully_shard(model, mesh=mesh)  # FSDP: the rest (GroupNorm's weights) sharded at the root
     return model
 
 
@@ -79,11 +79,11 @@ def full_state(model):
 
 def compare(args, env):
     """DDP and FSDP from the same weights on the same batches; the per-step losses, logged."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     data = InMemoryFashionMNIST(args.data_root, train=True, device=env.device)
     G = args.batch_size * world_size
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
-    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size, global_batch=G)  # DDP
+    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size, global_batch=G)  # DDP: rank 0 logs
     losses, weights = {}, {}
     for strategy in ("ddp", "fsdp"):
         torch.manual_seed(args.seed)  # the same initial weights for both, on every rank
@@ -91,11 +91,11 @@ def compare(args, env):
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         losses[strategy] = []
         start = time.perf_counter()
-        for step in tqdm(range(args.steps), desc=strategy, disable=ddp_env.bar_off(rank)):  # DDP
+        for step in tqdm(range(args.steps), desc=strategy, disable=ddp_env.bar_off(rank)):  # DDP: a bar on rank 0 only
             x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
             loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()
-            loss.backward()  # DDP all-reduces the gradients here; FSDP reduce-scatters them
+            loss.backward()  # DDP: all-reduces the gradients here; FSDP reduce-scatters them
             optimizer.step()
             mean = loss.detach().clone()
             dist.all_reduce(mean)  # DDP: the loss of the whole global batch ...
@@ -142,7 +142,7 @@ def resident_bytes():
 
 def train_steps(args, env, width, steps):
     """``steps`` AdamW steps of a WideMLP of ``width`` under ``args.memory``; (model, optimizer, s/step)."""
-    rank = dist.get_rank()  # DDP
+    rank = dist.get_rank()  # DDP: each rank seeds its own images
     model = wrap(WideMLP(width, args.layers).to(env.device), args.memory, env)
     if args.memory == "zero1":
         optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=args.lr)  # DDP: ZeRO-1
@@ -165,7 +165,7 @@ def train_steps(args, env, width, steps):
 
 def memory(args, env):
     """A few AdamW steps of the wide MLP under one strategy; each rank's peak memory and model states."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     cuda = env.device.type == "cuda"
     if not cuda:  # glibc: big blocks straight from the OS and back, so the resident size follows the tensors
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB

@@ -48,7 +48,7 @@ def main(args):
 
     # DDP: each rank holds its own number; all_reduce sums them in place on every rank.
     value = torch.tensor([float(rank + 1)], device=env.device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)  # DDP: 1 + 2 + ... + P, in value on every rank
     expected = world_size * (world_size + 1) / 2
 
     if rank == 0:  # DDP: one rank prints the result and writes the log.

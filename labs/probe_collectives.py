@@ -23,52 +23,52 @@ def collectives(rank, world_size, device):
         if rank == 0:
             dist.send(t(7), dst=1)  # DDP: point-to-point, rank 0 → rank 1
         elif rank == 1:
-            dist.recv(x, src=0)
+            dist.recv(x, src=0)  # DDP: rank 1 takes rank 0's 7s
             assert x[0] == 7
-        dist.barrier()
+        dist.barrier()  # DDP: the others wait for the pair
 
     def broadcast():
         x = t(rank)
-        dist.broadcast(x, src=0)
+        dist.broadcast(x, src=0)  # DDP: rank 0's tensor to every rank
         assert x[0] == 0
 
     def all_reduce():
         x = t(rank + 1)
-        dist.all_reduce(x)
+        dist.all_reduce(x)  # DDP: the sum of every rank's x, on every rank
         assert x[0] == world_size * (world_size + 1) / 2
 
     def reduce():
         x = t(1)
-        dist.reduce(x, dst=0)
+        dist.reduce(x, dst=0)  # DDP: the sum, on rank 0 only
         assert rank != 0 or x[0] == world_size
 
     def all_gather():
         out = [t(-1) for _ in range(world_size)]
-        dist.all_gather(out, t(rank))
+        dist.all_gather(out, t(rank))  # DDP: every rank's tensor, to every rank
         assert [o[0].item() for o in out] == list(range(world_size))
 
     def gather():
         out = [t(-1) for _ in range(world_size)] if rank == 0 else None
-        dist.gather(t(rank), out, dst=0)
+        dist.gather(t(rank), out, dst=0)  # DDP: every rank's tensor, into rank 0's list
         assert rank != 0 or [o[0].item() for o in out] == list(range(world_size))
 
     def scatter():
         x = t(-1)
-        dist.scatter(x, [t(r) for r in range(world_size)] if rank == 0 else None, src=0)
+        dist.scatter(x, [t(r) for r in range(world_size)] if rank == 0 else None, src=0)  # DDP: rank 0's t(r) to rank r
         assert x[0] == rank
 
     def reduce_scatter():
         x = t(-1)
-        dist.reduce_scatter(x, [t(r) for r in range(world_size)])
+        dist.reduce_scatter(x, [t(r) for r in range(world_size)])  # DDP: t(r) summed over the ranks, to rank r
         assert x[0] == rank * world_size
 
     def all_to_all():
         out = [t(-1) for _ in range(world_size)]
-        dist.all_to_all(out, [t(rank) for _ in range(world_size)])
+        dist.all_to_all(out, [t(rank) for _ in range(world_size)])  # DDP: one tensor from every rank to every rank
         assert [o[0].item() for o in out] == list(range(world_size))
 
     def barrier():
-        dist.barrier()
+        dist.barrier()  # DDP: nobody leaves before every rank has arrived
 
     return {f.__name__: f for f in (send_recv, broadcast, all_reduce, reduce, all_gather, gather,
                                     scatter, reduce_scatter, all_to_all, barrier)}
@@ -76,7 +76,7 @@ def collectives(rank, world_size, device):
 
 def main(args):
     env = ddp_env.setup(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     log = JsonLog(args.log_json if rank == 0 else None, backend=env.backend, world_size=world_size)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     for device_type in devices:

@@ -27,14 +27,14 @@ def say(*parts):
 def common_clock(device):
     """A start time that every rank shares: rank 0's wall clock, broadcast (one machine, one clock)."""
     start = torch.tensor([time.time()], dtype=torch.float64, device=device)
-    dist.broadcast(start, src=0)  # DDP
+    dist.broadcast(start, src=0)  # DDP: rank 0's clock reading, to every rank
     return start.item()
 
 
 def gathered(obj):
     """``obj`` from every rank, as a list on rank 0 (None elsewhere)."""
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)  # DDP
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None  # DDP: a slot per rank, on rank 0 only
+    dist.gather_object(obj, out, dst=0)  # DDP: every rank's obj, into rank 0's list
     return out
 
 
@@ -61,9 +61,9 @@ def calibrate(x, a, device, tries=5):
             times.append(time.perf_counter() - start)
         return min(times)
 
-    dist.all_reduce(x)  # warm up the connections and the allocator
+    dist.all_reduce(x)  # DDP: warm up the connections and the allocator
     compute(a, 2)
-    comm = fastest(lambda: dist.all_reduce(x), together=True)
+    comm = fastest(lambda: dist.all_reduce(x), together=True)  # DDP: how long one blocking all_reduce takes
     one = fastest(lambda: compute(a, 4)) / 4
     repeats = torch.tensor([max(1, round(comm / one))], device=device)
     dist.broadcast(repeats, src=0)  # DDP: every rank computes the same amount
@@ -72,7 +72,7 @@ def calibrate(x, a, device, tries=5):
 
 def timeline(mode, x, a, repeats, device):
     """One run of ``mode``; this rank's segments (what, start ms, end ms) on the common clock."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     peer = 1 if rank == 0 else 0  # point to point: rank 0 ↔ rank 1 (others only compute)
     dist.barrier()  # DDP: everyone starts together
     t0 = common_clock(device)
@@ -120,7 +120,7 @@ def timeline(mode, x, a, repeats, device):
 
 
 def async_demo(args, env, log):
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     x = torch.randn(args.mib * 2**20 // 4, device=env.device)  # float32: 4 bytes per value
     a = torch.randn(args.matrix, args.matrix, device=env.device) / args.matrix ** 0.5
     repeats = calibrate(x, a, env.device)
@@ -150,7 +150,7 @@ def parameter_server(grad, counter):
     (A real server keeps the weights, applies the update and sends the new weights: the same
     messages.) Everything goes through rank 0: its link carries 2·(P−1) messages per step.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: rank 0 is the server, the others its workers
     nbytes = grad.numel() * grad.element_size()
     if rank == 0:
         total, incoming = grad.clone(), torch.empty_like(grad)
@@ -163,14 +163,14 @@ def parameter_server(grad, counter):
             counter["sent"] += nbytes
         grad.copy_(total)
     else:
-        dist.send(grad, dst=0)  # DDP
-        dist.recv(grad, src=0)  # DDP
+        dist.send(grad, dst=0)  # DDP: push: my gradient, to the server
+        dist.recv(grad, src=0)  # DDP: pull: the sum, back from it
         counter["sent"] += nbytes
         counter["received"] += nbytes
 
 
 def ps_demo(args, env, log):
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     say(f"summing a gradient over {world_size} ranks, median of {args.repeats} runs (ms)")
     say(f"{'values':>10} {'MiB':>8} {'server':>9} {'all_reduce':>11}   "
         f"{'MiB in+out: server':>18} {'a worker':>9}")
@@ -197,7 +197,7 @@ def ps_demo(args, env, log):
         diff = (results["server"] - results["all_reduce"]).abs().max().item()
         # DDP: the slowest rank decides how long a step takes
         slowest = torch.tensor([times["server"], times["all_reduce"]], device=env.device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # DDP: each time, the slowest rank's, on every rank
         if rank == 0:
             mib = n * 4 / 2**20
             per_rank = [(t["sent"] + t["received"]) / 2**20 for t in traffic]
@@ -225,7 +225,7 @@ def cleanup():
 
 def main(args):
     env = setup(args)
-    if dist.get_world_size() < 2:
+    if dist.get_world_size() < 2:  # DDP: send/recv and a server need a second rank
         ddp_env.stop(env, "this lab needs at least 2 ranks: torchrun --standalone --nproc-per-node 2 ...")
     log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)  # DDP: rank 0 logs
     (async_demo if args.part == "async" else ps_demo)(args, env, log)

@@ -24,7 +24,7 @@ from dpcourse.metrics import JsonLog
 def all_reduce_by_parts(t):
     """Sum ``t`` over all ranks, in place, like ``dist.all_reduce(t)``, with one reduce_scatter
     and one all_gather. Works for any shape and any number of elements."""
-    world_size = dist.get_world_size()
+    world_size = dist.get_world_size()  # DDP: P, the number of chunks
     ### BEGIN SOLUTION (hint: reduce_scatter needs P equal chunks: copy t, flattened, into a zero-padded buffer whose length P divides; dist.reduce_scatter_single leaves rank r the sum of chunk r; dist.all_gather_single then collects the P summed chunks on every rank; write the first t.numel() values back into t)
     flat = t.reshape(-1)
     chunk = -(-flat.numel() // world_size)  # ceil(n / P): every rank gets a chunk of one size
@@ -99,7 +99,7 @@ def diagnose(got, before, expected, world_size):
 
 def check(args, env, log):
     """Every case on every rank against dist.all_reduce; rank 0 prints one verdict. True if right."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     gen = torch.Generator().manual_seed(args.seed + rank)  # DDP: different data on each rank
     todo, problem = cases(world_size), None
     with Calls() as calls:

@@ -37,8 +37,8 @@ def say(*parts):
 
 def check_group():
     """Every rank adds rank + 1: the group works if the sum is 1 + 2 + ... + world size."""
-    t = torch.tensor([dist.get_rank() + 1.0])
-    dist.all_reduce(t)  # DDP
+    t = torch.tensor([dist.get_rank() + 1.0])  # DDP: rank + 1, different on every rank
+    dist.all_reduce(t)  # DDP: the sum over the ranks, in t on every rank
     return t.item()
 
 
@@ -48,28 +48,28 @@ def init_methods(env, log):
     address and a port in a URL, file:// meets in a file every rank can see."""
     rank, world = env.rank, env.world_size
     start = time.perf_counter()
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=TIMEOUT)  # DDP
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=TIMEOUT)  # DDP: join
     took = time.perf_counter() - start
     say(f"env://  rank 0 of {world}: all_reduce(rank + 1) = {check_group():g}, set-up {took:.2f} s")
     log.write("init", method="env", sum=check_group(), setup_s=took)
     # Rank 0 picks a port and a file name for the next two and tells the others (a broadcast).
     choice = [free_port("0.0.0.0"), os.path.join(tempfile.gettempdir(), f"dpcourse-rdzv-{os.getpid()}")]
-    dist.broadcast_object_list(choice, src=0)  # DDP
+    dist.broadcast_object_list(choice, src=0)  # DDP: rank 0's port and file name, to every rank
     port, path = choice
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # DDP: leave the env:// group: the next two meet anew
     # DDP: torchrun's ranks meet in its agent's store; this new address is served by rank 0 itself
     # (PyTorch before 2.14 would otherwise make every rank a client of it, and wait: seen with 2.11)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
 
     for method, url in (("tcp", f"tcp://{os.environ['MASTER_ADDR']}:{port}"), ("file", f"file://{path}")):
         start = time.perf_counter()
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world, timeout=TIMEOUT)  # DDP
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world, timeout=TIMEOUT)  # DDP: join
         took = time.perf_counter() - start
         total = check_group()
         say(f"{method}://  rank 0 of {world}: all_reduce(rank + 1) = {total:g}, set-up {took:.2f} s   ({url})")
         log.write("init", method=method, sum=total, setup_s=took)
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # DDP: nobody leaves before every rank has arrived
+        dist.destroy_process_group()  # DDP: leave this group, before the next one or the exit
     if rank == 0:
         with contextlib.suppress(FileNotFoundError):  # the file store may have removed it
             os.remove(path)
@@ -82,14 +82,14 @@ def small_net(seed):
 
 def gathered(value):
     """``value`` (a float) from every rank, as a list, on every rank."""
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)  # DDP
+    out = [None] * dist.get_world_size()  # DDP: a slot per rank
+    dist.all_gather_object(out, value)  # DDP: every rank's value, on every rank
     return out
 
 
 def broadcast_at_wrap(log):
     """Ranks may build different initial weights; DDP's constructor copies rank 0's to all."""
-    net = small_net(seed=dist.get_rank())  # a different seed on every rank, on purpose
+    net = small_net(seed=dist.get_rank())  # DDP: a different seed on every rank, on purpose
     before = gathered(round(net[0].weight[0, 0].item(), 4))
     model = DDP(net)  # DDP: broadcasts rank 0's parameters and buffers
     after = gathered(round(model.module[0].weight[0, 0].item(), 4))
@@ -116,14 +116,14 @@ def accumulate_with_no_sync(log, micro=8, accum=4):
     Global batch = micro-batch × accumulation steps × world size. Each micro-batch's loss is
     divided by `accum`, so the accumulated gradient is the mean over the global batch.
     """
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     g = torch.Generator().manual_seed(0)  # the same global batch on every rank
     x, y = torch.randn(micro * accum * world, 8, generator=g), torch.randint(0, 4, (micro * accum * world,), generator=g)
     reference = small_net(seed=0)  # one process, the whole global batch at once
     F.cross_entropy(reference(x), y).backward()
 
     for use_no_sync in (True, False):
-        model = DDP(small_net(seed=0))  # DDP
+        model = DDP(small_net(seed=0))  # DDP: a fresh wrap, its all-reduces counted
         calls = count_allreduces(model)
         mine = torch.arange(rank, len(x), world)  # DDP: my shard of the global batch
         for i, part in enumerate(mine.split(micro)):
@@ -160,7 +160,7 @@ def unused_parameters(log):
     walk over the autograd graph every step)."""
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
     for find in (False, True):
-        model = DDP(TwoHeads(), find_unused_parameters=find)  # DDP
+        model = DDP(TwoHeads(), find_unused_parameters=find)  # DDP: without, then with, the unused-parameter search
         try:
             for _ in range(2):
                 F.cross_entropy(model(x), y).backward()
@@ -177,12 +177,12 @@ def main(args):
     if args.part == "init":
         init_methods(env, log)
         return
-    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size, timeout=TIMEOUT)  # DDP
+    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size, timeout=TIMEOUT)  # DDP: join the group
     warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")  # we show it on purpose
     broadcast_at_wrap(log)
     accumulate_with_no_sync(log)
     unused_parameters(log)
-    dist.destroy_process_group()  # DDP
+    dist.destroy_process_group()  # DDP: leave the group so every rank exits cleanly
 
 
 if __name__ == "__main__":

@@ -44,13 +44,14 @@ def setup(args):
     hvd.init()  # Horovod: rank and size from horovodrun (gloo) or from MPI (mpirun, srun --mpi=pmix)
     ddp_env.explain_errors()  # an unfinished exercise, a lost peer: one line, not a traceback per rank
     # cuda:LOCAL_RANK when this process sees all of the node's GPUs, cuda:0 when srun bound it one (--gpus-per-task=1)
+    # Horovod: this process's ranks and sizes, as Horovod found them
     where = ddp_env.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), ddp_env.env_info().launcher)
     try:
         placed = ddp_env.placement("gloo", args.device, where)  # (the backend is Horovod's: only the device counts)
     except CourseError as err:
         stop(err.message)
-    if placed.note and hvd.local_rank() == 0:
-        print(f"[rank {hvd.rank()}] {placed.note}", flush=True)
+    if placed.note and hvd.local_rank() == 0:  # Horovod: one note per node, from its first rank
+        print(f"[rank {hvd.rank()}] {placed.note}", flush=True)  # Horovod: says which rank
     if placed.device.type == "cuda":
         torch.cuda.set_device(placed.device)  # Horovod: one GPU per process
     # on GPUs: rank 0 lists each rank's GPU (gathered by Horovod); two ranks on one GPU stop here
@@ -60,17 +61,18 @@ def setup(args):
 
 def stop(message):
     """End the run with one line from rank 0; the other ranks exit quietly (dpcourse.dist.stop)."""
-    ddp_env.stop(ddp_env.DistEnv(rank=hvd.rank(), world_size=hvd.size()), message)
+    ddp_env.stop(ddp_env.DistEnv(rank=hvd.rank(), world_size=hvd.size()), message)  # Horovod: rank 0 says it
 
 
 def batch_sizes(args):
     """(per-worker batch, global batch) from --batch-size or --global-batch-size."""
     if args.batch_size:
-        return args.batch_size, args.batch_size * hvd.size()
-    if args.global_batch_size < hvd.size() or args.global_batch_size % hvd.size():
-        stop(f"--global-batch-size {args.global_batch_size} does not split into {hvd.size()} equal "  # Horovod
+        return args.batch_size, args.batch_size * hvd.size()  # Horovod: per worker × workers
+    if args.global_batch_size < hvd.size() or args.global_batch_size % hvd.size():  # Horovod: one equal share each
+        # Horovod: rank 0 says it, naming the world size
+        stop(f"--global-batch-size {args.global_batch_size} does not split into {hvd.size()} equal "
              f"per-worker batches: use a multiple of {hvd.size()}, or give --batch-size per worker.")
-    return args.global_batch_size // hvd.size(), args.global_batch_size
+    return args.global_batch_size // hvd.size(), args.global_batch_size  # Horovod: one worker's share
 
 
 def scaled_lr(args, global_batch):
@@ -115,7 +117,7 @@ def evaluate(model, test_set, device, dtype=torch.float32, batch=1000):
 def save_checkpoint(path, model, opt, sched, progress):
     """Rank 0 writes everything a resumed run needs; a crash mid-write never leaves half a file."""
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "progress": progress, "rng": torch.get_rng_state(),
+             "progress": progress, "rng": torch.get_rng_state(),  # Horovod: a resume must match hvd.size() below
              "config": {**model.config, "world_size": hvd.size(), "global_batch": progress["global_batch"]}}
     tmp = Path(f"{path}.tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +132,7 @@ def load_checkpoint(path, model, opt, sched, global_batch):
     except FileNotFoundError:
         stop(f"--resume {path}: no such checkpoint. Give the path of a .pt file that --checkpoint-dir "
              "wrote, or leave out --resume.")
-    ours = {**model.config, "world_size": hvd.size(), "global_batch": global_batch}
+    ours = {**model.config, "world_size": hvd.size(), "global_batch": global_batch}  # Horovod: resume on as many ranks
     if state["config"] != ours:
         diff = ", ".join(f"{k} {state['config'].get(k)} (this run: {ours[k]})" for k in ours if state["config"].get(k) != ours[k])
         stop(f"--resume {path} was written by another run: {diff}. Resume with the same model, world "
@@ -149,7 +151,7 @@ def main(args):
     batch, global_batch = batch_sizes(args)
     if args.no_hvd and world_size > 1:
         stop("--no-hvd trains without hvd.DistributedOptimizer: launch one process.")
-    if args.adasum and not hvd.mpi_enabled():
+    if args.adasum and not hvd.mpi_enabled():  # Horovod: Adasum needs its MPI controller
         stop("--adasum needs Horovod's MPI controller: launch with mpirun or horovodrun --mpi "
              "(and a Horovod built with MPI: horovodrun --check-build lists it).")
     if batch % args.accumulate:
@@ -196,13 +198,14 @@ def main(args):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod: then rank 0's weights everywhere
     ### END SOLUTION
     progress = hvd.broadcast_object(progress, root_rank=0, name="progress")  # Horovod: where training stands
-    sched.load_state_dict(hvd.broadcast_object(sched.state_dict(), root_rank=0, name="schedule"))  # Horovod
+    # Horovod: rank 0's schedule (a resumed one) to every rank
+    sched.load_state_dict(hvd.broadcast_object(sched.state_dict(), root_rank=0, name="schedule"))
     if resume and (progress.get("finished") or progress["epoch"] >= args.epochs
                    or (args.max_steps and progress["step"] >= args.max_steps)):
         if rank == 0:  # Horovod: one rank talks
             print(f"{resume} is the checkpoint of a finished run (step {progress['step']}): nothing to do. "
                   "Delete it, or give another --checkpoint-dir, to train afresh.", flush=True)
-        hvd.shutdown()
+        hvd.shutdown()  # Horovod: stop the background thread before returning
         return
 
     log = JsonLog(args.log_json if rank == 0 else None, append=bool(resume),  # Horovod: rank 0 logs
@@ -214,7 +217,7 @@ def main(args):
         log.write("resume", epoch=round(progress["step"] / steps_per_epoch, 4), step=progress["step"], checkpoint=str(resume))
     if rank == 0:  # Horovod: one rank talks
         print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} steps per "
-              f"epoch, Horovod ({'MPI' if hvd.mpi_enabled() else 'gloo'}) on {device}"
+              f"epoch, Horovod ({'MPI' if hvd.mpi_enabled() else 'gloo'}) on {device}"  # Horovod: its controller
               + (f", resumed at step {progress['step']}" if resume else ""), flush=True)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
     step, epoch = progress["step"], progress["epoch"]
@@ -227,7 +230,8 @@ def main(args):
     def record(event, **fields):
         """Rank 0's log line; the train loss is averaged over ranks and steps since the last one."""
         nonlocal seen, train_s, loss_sum, loss_n
-        mean_loss = hvd.allreduce(loss_sum, op=hvd.Average, name="train_loss").item() / max(1, loss_n)  # Horovod
+        # Horovod: the mean over the ranks of their loss sums, divided by the steps
+        mean_loss = hvd.allreduce(loss_sum, op=hvd.Average, name="train_loss").item() / max(1, loss_n)
         tested = last_eval if event in ("eval", "epoch", "done") else {}  # fresh test figures only
         rec = log.write(event, epoch=round(step / steps_per_epoch, 4), step=step,
                         train_loss=round(mean_loss, 5) if loss_n else None,
@@ -335,7 +339,7 @@ def should_stop(args, step, elapsed, caught):
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
     flags = torch.tensor([float(hvd.rank() == 0 and args.time_budget is not None and elapsed >= args.time_budget),
-                          float(caught.number)])  # the signal's number, 0 if none
+                          float(caught.number)])  # Horovod: rank 0's clock; the signal's number, 0 if none
     over, signum = hvd.allreduce(flags, op=hvd.Max, name="should_stop").tolist()  # Horovod: one collective a step
     caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run
     return "time_budget" if over else "signal" if signum else None
@@ -384,7 +388,7 @@ def parse_args(argv=None):
     p.add_argument("--accumulate", type=int, default=1,
                    help="split each worker's batch into N micro-batches; allreduce once per step "
                         "(Horovod: backward_passes_per_step)")
-    # Horovod's own knobs
+    # Horovod: its own knobs
     p.add_argument("--no-hvd", action="store_true",
                    help="one process with the plain optimizer, no hvd.DistributedOptimizer (overhead baseline)")
     p.add_argument("--compression", default="none", choices=["none", "fp16"], help="gradients sent as fp16")

@@ -362,8 +362,8 @@ def batch_sizes(args, env):
     """(per-worker batch, global batch) from --batch-size or --global-batch-size."""
     if args.batch_size:
         return args.batch_size, args.batch_size * env.world_size
-    if args.global_batch_size < env.world_size or args.global_batch_size % env.world_size:
-        ddp_env.stop(env, f"--global-batch-size {args.global_batch_size} does not split into {env.world_size} "  # DDP
+    if args.global_batch_size < env.world_size or args.global_batch_size % env.world_size:  # DDP: P equal shares
+        ddp_env.stop(env, f"--global-batch-size {args.global_batch_size} does not split into {env.world_size} "
                      f"equal per-worker batches: use a multiple of {env.world_size}, or give --batch-size per worker.")
     return args.global_batch_size // env.world_size, args.global_batch_size
 
@@ -406,7 +406,7 @@ def should_stop(args, step, elapsed, caught, device):
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
     flags = torch.tensor([float(dist.get_rank() == 0 and args.time_budget is not None and elapsed >= args.time_budget),
-                          float(caught.number)], device=device)  # the signal's number, 0 if none
+                          float(caught.number)], device=device)  # DDP: rank 0's clock; the signal's number, 0 if none
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # DDP: one collective a step; the largest flag wins
     over, signum = flags.tolist()
     caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run

@@ -111,7 +111,7 @@ def ring_all_reduce(tensor, on_step=None, reference=False):
 # ---------------------------------------------------------------- --check
 def check(args, env, log):
     """The ring against dist.all_reduce: awkward lengths, float32 and float64."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     lengths = sorted({1, 2, world_size - 1 or 1, world_size + 1, 7, 1000, 1001, 65537, *args.lengths})
     failures = 0
     for dtype in (torch.float32, torch.float64):
@@ -151,7 +151,7 @@ def check(args, env, log):
 # ---------------------------------------------------------------- --show
 def show(args, env, log):
     """Rank r holds 10^r · (1, 2, 3, …): a digit of a sum tells which ranks' numbers are in it."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: rank r holds 10^r · (1, 2, …), P chunks
     n = args.per_chunk * world_size
     tensor = (10.0 ** rank) * torch.arange(1, n + 1, dtype=torch.float64, device=env.device)
 

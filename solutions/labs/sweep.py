@@ -30,6 +30,7 @@ def fresh_rendezvous(run, agent):
     A new process group with the same name as the last one would read that group's addresses,
     still in torchrun's store, and dial its closed sockets ("Connection reset by peer").
     """
+    # DDP: a client of torchrun's own store, where rank 0 posts this run's port
     store = dist.TCPStore(*agent, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
     key = f"sweep/run{run}/port"
     if os.environ["RANK"] == "0":
