@@ -11,6 +11,7 @@ import pytest
 
 import dpcourse.allreduce as ar
 from conftest import ROOT, run, torchrun_cmd
+from dpcourse import widgets
 from dpcourse.course import STUB_RAISE, student_script
 
 MODULE = ROOT / "src" / "dpcourse" / "allreduce.py"
@@ -75,7 +76,7 @@ def test_the_explorer_picks_latency_then_bandwidth():
 
 
 def test_explorer_builds_with_four_sliders():
-    box = ar.explorer(1e-4, 1e-9)
+    box = widgets.allreduce_explorer(1e-4, 1e-9)
     (P, M), (alpha, beta) = (h.children for h in box.children[:2])
     assert (P.description, M.description, alpha.value) == ("P", "M (bytes)", pytest.approx(1e-4))
     P.value = 64  # redraws without error

@@ -16,7 +16,7 @@ import pytest
 import torch
 from ipywidgets.widgets import widget_output
 
-from dpcourse import allreduce, memory, widgets
+from dpcourse import widgets
 
 matplotlib.use("Agg")
 UNDER_TEST = "DPCOURSE_UNDER_TEST"  # what dpcourse.course.execute sets in its kernels
@@ -31,11 +31,11 @@ def small_data():
 EXPLORERS = {
     "01 lr × batch size": (lambda: widgets.lr_batch_explorer(*small_data(), samples=64),
                            lambda box: setattr(box.children[0].children[1], "value", 256)),
-    "04 all-reduce cost model": (lambda: allreduce.explorer(5e-5, 1e-9, 0.0),
+    "04 all-reduce cost model": (lambda: widgets.allreduce_explorer(5e-5, 1e-9, 0.0),
                                  lambda box: setattr(box.children[0].children[0], "value", 8)),
     "08 learning-rate rules": (lambda: widgets.lr_rules_explorer(base_lr=0.15, epochs=2),
                                lambda box: setattr(box.children[0].children[1], "value", 4)),
-    "13 memory per worker": (lambda: memory.memory_explorer(model="GPT-3", world_size=64, gpu="A100 80 GB",
+    "13 memory per worker": (lambda: widgets.memory_explorer(model="GPT-3", world_size=64, gpu="A100 80 GB",
                                                             precision="mixed"),
                              lambda box: setattr(box.children[1].children[1], "value", 16)),
 }

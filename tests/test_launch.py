@@ -9,7 +9,7 @@ import torch
 
 from conftest import ROOT
 from dpcourse import CourseError
-from dpcourse.launch import _cause, lab, python, run_ok, torchrun
+from dpcourse.launch import _cause, lab, load_lab, python, run_ok, torchrun
 
 
 def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch):
@@ -124,6 +124,22 @@ def test_lab_belongs_to_the_notebook_folder(root):
     assert lab("hello", root / "notebooks") == root / "labs" / "hello.py"
     with pytest.raises(CourseError, match="No lab script"):
         lab("no_such_lab", root / "solutions")
+
+
+def test_load_lab_imports_the_labs_file_as_saved_now_without_running_it(tmp_path, monkeypatch):
+    """A notebook reads a lab's functions and options through load_lab: the copy lab() picks ($DPCOURSE_LABS
+    here), its main() not run, and the file read again at each call, so that a learner's edit shows."""
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    (labs / "mine.py").write_text("ANSWER = 1\nif __name__ == '__main__':\n    raise SystemExit('main ran')\n")
+    monkeypatch.setenv("DPCOURSE_LABS", str(labs))
+    assert load_lab("mine").ANSWER == 1
+    (labs / "mine.py").write_text("ANSWER = 2\n")  # the learner edits and saves
+    assert load_lab("mine").ANSWER == 2
+    monkeypatch.delenv("DPCOURSE_LABS")
+    assert load_lab("fashion_ddp", ROOT / "solutions").__file__ == str(ROOT / "solutions" / "labs" / "fashion_ddp.py")
+    with pytest.raises(CourseError, match="No lab script"):
+        load_lab("no_such_lab", ROOT / "solutions")
 
 
 def test_dpcourse_torchrun_is_torchrun_with_its_exit_status(tmp_path):

@@ -1,7 +1,7 @@
 """dpcourse.memory: the memory arithmetic of DDP and ZeRO, against the ZeRO paper's own numbers."""
 import pytest
 
-from dpcourse import memory
+from dpcourse import memory, widgets
 
 
 def test_the_zero_papers_figure_1():
@@ -57,8 +57,8 @@ def test_human_units():
 
 
 def test_explorer_builds_and_redraws():
-    assert memory.memory_explorer(precision="mixed").children[0].children[2].value == "mixed"
-    box = memory.memory_explorer()
+    assert widgets.memory_explorer(precision="mixed").children[0].children[2].value == "mixed"
+    box = widgets.memory_explorer()
     preset, gpu, precision = box.children[0].children
     billions, workers = box.children[1].children
     preset.value = "GPT-3"

@@ -521,48 +521,6 @@ def model_table(P: int, sizes, alpha: float, beta: float, gamma: float = 0.0) ->
     return {a: [cost(a, P, m, alpha, beta, gamma) for m in sizes] for a in FLAT}
 
 
-def explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
-    """Sliders for P, M, α and β (γ stays as given): the model time of every algorithm over
-    message size, the winner at M drawn thick. Everything it draws comes from ``model_table``
-    and ``winner``, which the tests check."""
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
-    from .widgets import drawing
-
-    style = dict(continuous_update=False, style={"description_width": "60px"})
-    P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
-    M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1, description="M (bytes)", **style)
-    a = w.FloatLogSlider(value=alpha, base=10, min=-7, max=-2, step=0.1, description="α (s)", **style)
-    b = w.FloatLogSlider(value=beta, base=10, min=-12, max=-7, step=0.1, description="β (s/B)", **style)
-    out = w.Output()
-    sizes = [2.0 ** k for k in range(2, 31)]
-
-    def draw(*_):
-        table = model_table(P.value, sizes, a.value, b.value, gamma)
-        best = winner(P.value, M.value, a.value, b.value, gamma)
-        with drawing(out):
-            out.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(7, 3.6))
-            for name, ts in table.items():
-                ax.loglog(sizes, ts, label=name, lw=3 if name == best else 1.2)
-            ax.axvline(M.value, color="k", ls=":")
-            ax.set(xlabel="message size M (bytes)", ylabel="model time (s)",
-                   title=f"P={P.value}, M={fmt_bytes(M.value)}: {best} wins "
-                         f"({cost(best, P.value, M.value, a.value, b.value, gamma) * 1e3:.3g} ms)")
-            ax.legend(fontsize=8)
-            ax.grid(alpha=0.3, which="both")
-            plt.show()
-
-    for s in (P, M, a, b):
-        s.observe(draw, "value")
-    draw()
-    box = w.VBox([w.HBox([P, M]), w.HBox([a, b]), out])
-    display(box)
-    return box
-
-
 # ---------------------------------------------------------------- sizes
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 

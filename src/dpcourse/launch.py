@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.util
 import os
 import re
 import shlex
@@ -81,6 +82,17 @@ def lab(name: str, start: Path | None = None) -> Path:
     if not path.is_file():
         raise CourseError(f"No lab script {path}. Run `make student` to regenerate the student copies.")
     return path
+
+
+def load_lab(name: str, start: Path | None = None):
+    """The lab script ``lab(name)`` imported as a module, as its file is saved now: a notebook reads a
+    lab's functions or its options (``load_lab("fashion_ddp").scaled_lr``). Its ``main()`` does not run
+    (it runs under ``if __name__ == "__main__"``), and each call reads the file again, so an edit shows."""
+    path = lab(name, start)
+    spec = importlib.util.spec_from_file_location(f"lab_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # glibc's malloc hands every block over 128 KiB to the program straight from the OS (mmap) and gives it

@@ -198,3 +198,102 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
     box = w.VBox([w.HBox([batch, workers, warmup]), out])
     display(box)
     return box
+
+
+# ---------------------------------------------------------------- notebook 04: the all-reduce cost model
+def allreduce_explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
+    """Sliders for P, M, α and β (γ stays as given): the model time of every algorithm over
+    message size, the winner at M drawn thick (notebook 04). Everything it draws comes from
+    ``allreduce.model_table`` and ``allreduce.winner``, which the tests check."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from .allreduce import cost, fmt_bytes, model_table, winner
+
+    style = dict(continuous_update=False, style={"description_width": "60px"})
+    P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
+    M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1, description="M (bytes)", **style)
+    a = w.FloatLogSlider(value=alpha, base=10, min=-7, max=-2, step=0.1, description="α (s)", **style)
+    b = w.FloatLogSlider(value=beta, base=10, min=-12, max=-7, step=0.1, description="β (s/B)", **style)
+    out = w.Output()
+    sizes = [2.0 ** k for k in range(2, 31)]
+
+    def draw(*_):
+        table = model_table(P.value, sizes, a.value, b.value, gamma)
+        best = winner(P.value, M.value, a.value, b.value, gamma)
+        with drawing(out):
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            for name, ts in table.items():
+                ax.loglog(sizes, ts, label=name, lw=3 if name == best else 1.2)
+            ax.axvline(M.value, color="k", ls=":")
+            ax.set(xlabel="message size M (bytes)", ylabel="model time (s)",
+                   title=f"P={P.value}, M={fmt_bytes(M.value)}: {best} wins "
+                         f"({cost(best, P.value, M.value, a.value, b.value, gamma) * 1e3:.3g} ms)")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3, which="both")
+            plt.show()
+
+    for s in (P, M, a, b):
+        s.observe(draw, "value")
+    draw()
+    box = w.VBox([w.HBox([P, M]), w.HBox([a, b]), out])
+    display(box)
+    return box
+
+
+# ---------------------------------------------------------------- notebook 13: memory per worker
+def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A100 40 GB",
+                    precision: str = "fp32"):
+    """Model, workers, precision and GPU; bars of what one worker holds under DDP and each ZeRO
+    stage (weights, gradients, optimizer state, stacked on a linear axis, each bar's total written
+    on it), the GPU's memory as a line, and one line per stage saying whether it fits and what
+    it sends per step (notebook 13); the figures come from ``dpcourse.memory``."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from .memory import BYTES, GPUS, MODELS, STAGE_NAMES, STAGES, explain, human, per_worker
+
+    wide = {"style": {"description_width": "initial"}}
+    preset = w.Dropdown(options=list(MODELS), value=model, description="model", **wide)
+    billions = w.FloatLogSlider(value=MODELS[model] / 1e9, base=10, min=-2, max=3, step=0.05,
+                                description="parameters (billions)", continuous_update=False, **wide)
+    workers = w.SelectionSlider(options=[2 ** k for k in range(11)], value=world_size,
+                                description="workers", continuous_update=False, **wide)
+    precision = w.ToggleButtons(options=list(BYTES), value=precision, description="precision", **wide)
+    device = w.Dropdown(options=list(GPUS), value=gpu, description="GPU", **wide)
+    out = w.Output()
+
+    def draw(*_):
+        params, P = billions.value * 1e9, workers.value
+        with drawing(out):
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
+            names = [STAGE_NAMES[s] for s in STAGES]
+            bottom = [0.0] * len(STAGES)
+            for part, color in (("weights", "C0"), ("grads", "C1"), ("optimizer", "C2")):
+                gb = [per_worker(params, P, s, precision.value)[part] / 1e9 for s in STAGES]
+                ax.bar(names, gb, bottom=bottom, color=color, label=part)
+                bottom = [b + g for b, g in zip(bottom, gb)]
+            for x, total in enumerate(bottom):
+                ax.annotate(human(total * 1e9), (x, total), ha="center", va="bottom", fontsize=8)
+            ax.axhline(GPUS[device.value] / 1e9, color="k", ls="--", label=device.value)
+            ax.set(ylabel="GB per worker (model states)", ylim=(0, 1.15 * max(max(bottom), GPUS[device.value] / 1e9)),
+                   title=f"{params / 1e9:.3g} B parameters, {precision.value}, {P} workers")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3, axis="y")
+            plt.show()
+            print("\n".join(explain(params, P, device.value, precision.value)))
+
+    def pick(change):
+        billions.value = MODELS[change["new"]] / 1e9  # redraws through billions' observer
+
+    preset.observe(pick, "value")
+    for widget in (billions, workers, precision, device):
+        widget.observe(draw, "value")
+    draw()
+    box = w.VBox([w.HBox([preset, device, precision]), w.HBox([billions, workers]), out])
+    display(box)
+    return box
