@@ -14,8 +14,9 @@ add one when you add an exercise.
 The positive control: the same path with the solution must pass. For checks whose exercise is a
 notebook cell, the harness runs the check on the solution's namespace; for checks that run a lab,
 it proves that the copy it makes of the labs, with the solution's own code in the region, is the
-labs byte for byte (so a wrong answer's copy differs only in its region), and the solution's run of
-the check is make course's (nbval compares it).
+labs byte for byte (so a wrong answer's copy differs only in its region), runs the first such check
+of each notebook through that copy, and the solution's run of every check is make course's (nbval
+compares it).
 """
 import importlib.util
 import os
@@ -335,10 +336,38 @@ def test_a_labs_copy_with_the_solution_in_its_region_is_the_lab():
         lines = text.splitlines()
         begin = next(i for i, line in enumerate(lines) if BEGIN in line and hint in line)
         end = next(i for i, line in enumerate(lines) if END in line and i > begin)
-        solution = "\n".join(lines[begin + 1:end])
-        kept = with_answer(text, solution, hint)
+        kept = with_answer(text, _solution_of(file, hint), hint)
         # the markers go, the rest stays: the same file as make student's learners get, less its stub
         assert kept.splitlines() == lines[:begin] + lines[begin + 1:end] + lines[end + 1:], (file, hint)
+
+
+def _solution_of(file: str, hint: str) -> str:
+    """The solution's own code in the region of ``solutions/labs/<file>`` whose hint holds ``hint``."""
+    lines = (ROOT / "solutions" / "labs" / file).read_text().splitlines()
+    begin = next(i for i, line in enumerate(lines) if BEGIN in line and hint in line)
+    end = next(i for i, line in enumerate(lines) if END in line and i > begin)
+    return "\n".join(lines[begin + 1:end])
+
+
+# The first check of each notebook that runs a lab: the positive control below runs it through the harness.
+LAB_CHECKS = {}
+for _c in CHECKS:
+    _lab = next((body for body, _ in WRONG.get((_c[0], _c[2]), {}).values() if isinstance(body, Lab)), None)
+    if _lab is not None and _c[0] not in LAB_CHECKS:
+        LAB_CHECKS[_c[0]] = (*_c, _lab)
+
+
+@pytest.mark.parametrize("notebook, check, name, exercise, wrong", LAB_CHECKS.values(),
+                         ids=[f"{c[0][:2]}-{c[2]}" for c in LAB_CHECKS.values()])
+def test_the_harness_passes_the_solution_through_a_labs_copy(notebook, check, name, exercise, wrong):
+    """The positive control of the harness's lab path, once per notebook: a copy of the labs ($DPCOURSE_LABS)
+    whose region holds the solution's own code, and the check run in this process as a wrong answer's is,
+    accepts it. (Every region's copy is the lab byte for byte: the test above; nbval runs every check.)"""
+    nb = nbformat.read(ROOT / "solutions" / notebook, as_version=4)
+    _, prefix = run_check(nb, check, exercise, key=notebook, run_the_check=False)
+    solution = Lab(wrong.file, wrong.hint, _solution_of(wrong.file, wrong.hint))
+    err, _ = run_check(nb, check, exercise, solution, prefix=prefix)
+    assert err is None, f"{name}: through the harness's copy of the labs, the check rejects the solution: {err!r}"
 
 
 @pytest.mark.parametrize("notebook, check, name, exercise", CHECKS, ids=[f"{c[0][:2]}-{c[2]}" for c in CHECKS])

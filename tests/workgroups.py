@@ -4,8 +4,9 @@ While one test waits on a launcher, a daemon, a kernel or a Slurm job, the other
 the core: on one process, the suite left a quarter of the 2 cores idle (26 %, from /proc/stat). Tests
 that share state run on one worker, one after the other (a *group*):
 - a test module: its module fixtures and caches;
-- a notebook: its nbval cells (one kernel, in order), its wrong answers (tests/test_exercises.py runs
-  its cells in-process) and its guard run (tests/test_outputs.py) all write build/NN/;
+- a notebook: its nbval cells (one kernel, in order), its wrong answers and the harness's positive
+  control (tests/test_exercises.py runs its cells in-process) and its guard run (tests/test_outputs.py)
+  all write build/NN/;
 - the local Slurm cluster: every test that uses it (the ``slurm`` fixture, in SLURM_MODULES; a test
   that takes the fixture elsewhere stops the run at collection), notebook 09 (it starts its own
   cluster, whose job numbers would meet the fixture's on the same ports: slurm/env.sh derives
@@ -28,6 +29,7 @@ SLURM_MODULES = {"tests/test_slurm.py", "tests/test_slurm_templates.py", "tests/
                  "tests/test_doctor.py", "tests/test_horovod.py", "tests/test_imagenet.py"}
 NOTEBOOK = re.compile(r"solutions/(\d\d)_[^/]*\.ipynb::"  # its cells
                       r"|tests/test_exercises\.py::test_check_rejects_wrong_answers\[(\d\d)-"  # its wrong answers
+                      r"|tests/test_exercises\.py::test_the_harness_passes_the_solution_through_a_labs_copy\[(\d\d)-"
                       r"|tests/test_outputs\.py::test_compared_outputs_\w+\[(\d\d)_")  # its guard run
 SLURM_NOTEBOOKS = {"09"}
 
