@@ -1,6 +1,6 @@
 """dpcourse: the small library shared by the course's notebooks, labs and tests.
 
-One module per idea (see DESIGN.md §2): ``dist`` (who am I, process groups), ``data``
+One module per idea (see docs/design.md §2): ``dist`` (who am I, process groups), ``data``
 (FashionMNIST found, verified and held in memory), ``launch`` (torchrun from a notebook cell),
 ``metrics`` (the JSON-lines run log), ``widgets`` (ipywidgets explorers over pure functions).
 """

@@ -2,7 +2,7 @@
 
 ``FashionCNN`` is the FashionMNIST network of the labs: two conv blocks and one linear layer,
 about 20k parameters. On two CPU cores it reaches 90 % test accuracy in under 30 s of
-data-parallel training (see DESIGN.md §7), and the same module runs on a GPU unchanged.
+data-parallel training (see docs/design.md §6), and the same module runs on a GPU unchanged.
 
 Its normalisation is **GroupNorm**, not BatchNorm, on purpose: GroupNorm normalises each
 example on its own, so K workers with a global batch G compute exactly the gradient one process
