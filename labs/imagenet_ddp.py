@@ -67,8 +67,8 @@ def cleanup():
 def param_groups(model, weight_decay):
     """Two groups for the optimiser: weight decay on the conv and linear weights only.
 
-    Goyal et al. (and every fast ImageNet recipe since): BatchNorm's scale and shift and the
-    biases are not decayed; decaying them only hurts accuracy."""
+    Goyal et al. leave BatchNorm's scale and shift out of the weight decay; later recipes leave the
+    biases out too (Jia et al., 2018; T. He et al., "Bag of Tricks", 2019)."""
     # YOUR CODE HERE
     # Hint: a parameter with one dimension (p.ndim == 1) is a BatchNorm weight or bias,
     #       or a layer's bias: put those in a group with "weight_decay": 0.0, every

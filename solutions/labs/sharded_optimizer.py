@@ -13,11 +13,12 @@ owner, so that every rank goes on with the whole, updated model. This is ZeRO st
 
 The check: a model with parameters of very different sizes, the same initial weights on every
 rank, trained for --steps steps of AdamW on each rank's share of a global batch, with the
-gradients averaged as DDP does; once with AdamW, once with SGD with momentum. After every step,
+gradients averaged as DDP does; once with AdamW, once with SGD with momentum, each with two
+parameter groups (the weight matrices; the biases at half the rate, without weight decay). After every step,
 every rank's parameters must equal those of the unsharded optimizer given the same gradients
 (torch.allclose), and at the end each rank's AdamW state must be within 10 % of the unsharded
-AdamW's divided by the number of ranks. Rank 0 prints one line for each, and logs them with
---log-json.
+AdamW's divided by the number of ranks, and each rank's optimizer must keep the two groups.
+Rank 0 prints one line for each, and logs them with --log-json.
 
 (Activate the course's environment first: source .venv/bin/activate.)
 """
@@ -83,6 +84,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         ### END SOLUTION
         return loss
 
+    def add_param_group(self, param_group):
+        if hasattr(self, "local"):  # after __init__: the owners are shared out already
+            raise NotImplementedError("ShardedOptimizer shares out its parameters when it is built: "
+                                      "give it every parameter group then")
+        super().add_param_group(param_group)  # torch.optim.Optimizer.__init__ adds the groups so
+
     def state_dict(self):
         """This rank's shard of the state: each rank saves its own (e.g. to last-rank{rank}.pt)."""
         self._options_to(self.local.param_groups, self.param_groups)  # a scheduler's lr since the last step
@@ -119,9 +126,17 @@ class UnevenNet(nn.Sequential):
         super().__init__(*layers[:-1])
 
 
+def groups(model, lr):
+    """Two parameter groups, as a project often has: the weight matrices; the biases at half the rate,
+    without weight decay."""
+    return [{"params": [p for p in model.parameters() if p.dim() > 1]},
+            {"params": [p for p in model.parameters() if p.dim() == 1], "lr": lr / 2, "weight_decay": 0.0}]
+
+
 def compare(args, env, optimizer_cls, **hyper):
     """ShardedOptimizer(optimizer_cls) against the unsharded optimizer, given the same gradients
-    step after step; (max |Δ| over the steps, this rank's state bytes, the unsharded state bytes)."""
+    step after step; (max |Δ| over the steps, this rank's state bytes, the unsharded state bytes,
+    whether this rank's optimizer kept the groups)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     G, gen = 8 * world_size, torch.Generator().manual_seed(args.seed)  # DDP: same batches on all
     batches = [(torch.randn(G, 20, generator=gen), torch.randint(8, (G,), generator=gen))
@@ -129,8 +144,8 @@ def compare(args, env, optimizer_cls, **hyper):
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = UnevenNet().to(env.device)
     reference = copy.deepcopy(model)  # the unsharded optimizer, given the very same gradients
-    full = optimizer_cls(reference.parameters(), **hyper)
-    sharded = ShardedOptimizer(model.parameters(), optimizer_cls, **hyper)
+    full = optimizer_cls(groups(reference, hyper["lr"]), **hyper)
+    sharded = ShardedOptimizer(groups(model, hyper["lr"]), optimizer_cls, **hyper)
     worst = 0.0
     for x, y in batches:
         x, y = x.to(env.device), y.to(env.device)
@@ -146,7 +161,7 @@ def compare(args, env, optimizer_cls, **hyper):
         for p, q in zip(model.parameters(), reference.parameters()):
             if not torch.allclose(p, q):
                 worst = max(worst, (p - q).abs().max().item())
-    return worst, sharded.state_bytes(), state_bytes(full)
+    return worst, sharded.state_bytes(), state_bytes(full), len(sharded.local.param_groups) == len(full.param_groups)
 
 
 def check(args, env):
@@ -158,28 +173,34 @@ def check(args, env):
     optimizers = {"AdamW": (torch.optim.AdamW, {"lr": args.lr, "weight_decay": 0.01}),
                   "SGD": (torch.optim.SGD, {"lr": 10 * args.lr, "momentum": 0.9})}
     results = {name: compare(args, env, cls, **hyper) for name, (cls, hyper) in optimizers.items()}
-    worst = torch.tensor([diff for diff, _, _ in results.values()], device=env.device)
+    worst = torch.tensor([diff for diff, _, _, _ in results.values()], device=env.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # DDP: the worst rank decides, everywhere
     differs = [name for name, diff in zip(results, worst.tolist()) if diff != 0.0]
-    _, mine, full = results["AdamW"]
+    _, mine, full, _ = results["AdamW"]
+    kept = torch.tensor(float(all(k for _, _, _, k in results.values())), device=env.device)
+    dist.all_reduce(kept, op=dist.ReduceOp.MIN)  # DDP: kept on every rank?
     shares = [None] * world_size
     dist.all_gather_object(shares, mine)  # DDP: every rank's optimizer state, on every rank
     ratios = [b / (full / world_size) for b in shares]
     sharded_ok = all(0.9 <= r <= 1.1 for r in ratios)
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
     log.write("check", steps=args.steps, max_abs_diff=worst.max().item(), equal=not differs, differs=differs,
-              state_bytes=shares, full_state_bytes=full, ratios=[round(r, 4) for r in ratios])
+              state_bytes=shares, full_state_bytes=full, ratios=[round(r, 4) for r in ratios],
+              groups_kept=bool(kept.item()))
     if rank == 0:  # DDP: one rank prints
         n = sum(p.numel() for p in UnevenNet().parameters())
         print(f"{n:,} parameters in {len(list(UnevenNet().parameters()))} tensors, {world_size} ranks, "
               f"{args.steps} steps each of AdamW and of SGD with momentum")
         for name, diff in zip(results, worst.tolist()):
-            print(f"parameters, {name}: {'ok, equal to the unsharded optimizer' if diff == 0 else 'WRONG, they differ'} "
-                  f"after every step on every rank (max |Δ| {diff:.1e})")
+            print(f"parameters, {name}: " + (f"ok, equal to the unsharded optimizer after every step on every rank "
+                                             f"(max |Δ| {diff:.1e})" if diff == 0 else
+                                             f"WRONG, they differ from the unsharded optimizer's (max |Δ| {diff:.1e})"))
         print(f"AdamW's state per rank: {', '.join(f'{b:,} B' for b in shares)}; unsharded {full:,} B / "
               f"{world_size} = {full / world_size:,.0f} B: {', '.join(f'{r:.2f}' for r in ratios)} of it: "
               f"{'ok' if sharded_ok else 'WRONG, not 1/P'}")
-    return not differs and sharded_ok
+        print("parameter groups: " + ("ok, each rank's optimizer keeps both" if kept.item() else
+                                       "WRONG, a rank's optimizer lost them: build it over self.mine"))
+    return not differs and sharded_ok and bool(kept.item())
 
 
 def setup(args):

@@ -211,7 +211,7 @@ def allreduce_explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0
 
     from .allreduce import cost, fmt_bytes, model_table, winner
 
-    style = dict(continuous_update=False, style={"description_width": "60px"})
+    style = dict(continuous_update=False, style={"description_width": "80px"})
     P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
     M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1, description="M (bytes)", **style)
     a = w.FloatLogSlider(value=alpha, base=10, min=-7, max=-2, step=0.1, description="α (s)", **style)

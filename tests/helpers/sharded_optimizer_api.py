@@ -3,7 +3,8 @@ would use any torch optimizer in a project. Against the unsharded AdamW given th
 parameter groups (weight decay on the weight matrices only) and a StepLR: equal parameters after every step,
 the scheduler's rate in the optimizer each rank steps, step(closure); each rank saves its own shard, a fresh
 model and optimizer load it and go on as the original does; another rank's shard is refused. Rank 0
-prints "ok: ..." and the process exits 0 only if every part holds on every rank."""
+prints "ok: ..." and the process exits 0 only if every part holds on every rank. A group added after it was
+built is refused (its parameters would have no owner)."""
 import copy
 import sys
 import tempfile
@@ -55,6 +56,11 @@ def main():
     assert isinstance(opt, torch.optim.Optimizer), "not a torch.optim.Optimizer"
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0], opt.param_groups
     assert opt.param_groups[0]["betas"] == full.param_groups[0]["betas"], "AdamW's defaults missing from param_groups"
+    try:  # the owners are shared out when it is built: a group added later would never be stepped
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+        raise AssertionError("a parameter group added after the owners were shared out was taken")
+    except NotImplementedError as err:
+        assert "give it every parameter group then" in str(err), err
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     full_sched = torch.optim.lr_scheduler.StepLR(full, step_size=1, gamma=0.5)
     worst = 0.0
