@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Subset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
 from dpcourse import dist as ddp_env, preemption
@@ -217,7 +217,8 @@ def main(args):
     extra = {"zero_init_residual": True} if args.arch.startswith(("resnet", "resnext", "wide_resnet")) else {}
     model = torchvision.models.get_model(args.arch, weights=None, num_classes=classes, **extra)
     model = model.to(device, memory_format=fmt)
-    lr = args.lr * global_batch / REFERENCE_BATCH if args.lr_scaling == "linear" else args.lr
+    lr = {"none": args.lr, "linear": args.lr * global_batch / REFERENCE_BATCH,  # --lr is REFERENCE_BATCH's rate
+          "sqrt": args.lr * (global_batch / REFERENCE_BATCH) ** 0.5}[args.lr_scaling]
     opt = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=0.9)
     total, warmup = args.epochs * steps_per_epoch, round(args.warmup_epochs * steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup, decay="cosine"))
@@ -429,8 +430,8 @@ def parse_args(argv=None):
     p.add_argument("--global-batch-size", type=int, default=256, help="split between the workers")
     p.add_argument("--batch-size-eval", type=int, default=100, help="validation batch per worker")
     p.add_argument("--lr", type=float, default=0.1, help=f"learning rate at global batch {REFERENCE_BATCH}")
-    p.add_argument("--lr-scaling", default="linear", choices=["none", "linear"],
-                   help=f"linear: --lr × global batch / {REFERENCE_BATCH} (Goyal et al.)")
+    p.add_argument("--lr-scaling", default="linear", choices=["none", "linear", "sqrt"],
+                   help=f"linear: --lr × global batch / {REFERENCE_BATCH} (Goyal et al.); sqrt: its square root")
     p.add_argument("--warmup-epochs", type=float, default=5, help="linear warm-up, then cosine decay to 0")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="on conv and linear weights only")
     p.add_argument("--label-smoothing", type=float, default=0.1, help="of the cross-entropy loss")

@@ -5,6 +5,7 @@
 Rank 0 prints one line per (device, collective) and writes them to --log-json.
 """
 import argparse
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -74,8 +75,23 @@ def collectives(rank, world_size, device):
                                     scatter, reduce_scatter, all_to_all, barrier)}
 
 
+def setup(args):
+    # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
+    # gloo runs on CPU tensors; NCCL needs one GPU per rank.
+    env = ddp_env.prepare(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
+                            timeout=timedelta(seconds=args.timeout))  # DDP: no endless waits
+    return env
+
+
+def cleanup():
+    dist.destroy_process_group()  # DDP: leave the process group so every rank exits cleanly.
+
+
 def main(args):
-    env = ddp_env.setup(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
+    env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     log = JsonLog(args.log_json if rank == 0 else None, backend=env.backend, world_size=world_size)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
@@ -90,11 +106,12 @@ def main(args):
             if rank == 0:
                 print(f"{env.backend:5} {device_type:4} {name:15} {'yes' if ok else 'no  ' + why}", flush=True)
             log.write("probe", device=device_type, op=name, ok=ok, error=why)
-    ddp_env.cleanup()
+    cleanup()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "mpi"])
+    parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes one JSON line per probe")
     main(parser.parse_args())
