@@ -278,7 +278,15 @@ def test_dist_env_defaults():
 
 
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "PATH", "-x", "OMP_NUM_THREADS"]
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (apt-get install openmpi-bin)")
+
+
+def need_mpirun():
+    """Skip where Open MPI is missing, except in CI (CI=true), which installs it (.ci/run): there a skip
+    would hide a broken harness, so it fails, as the Slurm, Horovod and browser tests do."""
+    if shutil.which("mpirun") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI installs Open MPI (.ci/run): mpirun is missing", pytrace=False)
+        pytest.skip("needs Open MPI (apt-get install openmpi-bin)")
 
 
 def _mpirun(np, *args):
@@ -287,9 +295,9 @@ def _mpirun(np, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-@needs_mpirun
 def test_hello_under_real_mpirun_on_one_node():
     """`mpirun -np 2 python lab.py` as the README writes it: ranks from OMPI_*, no MASTER_ADDR needed."""
+    need_mpirun()
     proc = _mpirun(2, sys.executable, str(HELLO))
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
@@ -297,9 +305,9 @@ def test_hello_under_real_mpirun_on_one_node():
     assert out.count("all_reduce(rank + 1) = 3") == 1
 
 
-@needs_mpirun
 def test_two_real_mpiruns_at_once_each_get_their_own_port():
     """No MASTER_PORT exported: each mpirun job derives its own from its job id."""
+    need_mpirun()
     procs = [_mpirun(2, sys.executable, str(HELLO)) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs

@@ -310,6 +310,13 @@ def test_every_check_has_wrong_answers_registered():
     assert not missing, f"add plausible wrong answers for these checks to WRONG: {missing}"
 
 
+def test_every_notebook_after_00_has_an_exercise_with_its_check():
+    """The course's rule: each notebook after 00 has at least one exercise, and its check cell."""
+    checked = {nb for nb, *_ in CHECKS}
+    missing = [path.name for path in NOTEBOOKS if not path.name.startswith("00_") and path.name not in checked]
+    assert len(NOTEBOOKS) >= 14 and not missing, f"notebooks without a check cell: {missing}"
+
+
 def test_the_solutions_checks_run_under_nbval(request):
     """That each check accepts its solution is nbval's part: it runs every solution notebook, check
     cells included, and fails on any error. So the test below does not run the solution's check
