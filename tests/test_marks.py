@@ -30,7 +30,7 @@ METHODS = {"set_epoch", "no_sync"}  # .NAME(
 # Calls the patterns catch that distribution does not explain, each with why (lab: its code, as it begins).
 NOT_DISTRIBUTED = {
     # the ImageNet dataset's own set_epoch: new random crops each epoch, as in one process (the sampler's is marked)
-    "imagenet_ddp.py": ["train_set.set_epoch(epoch)"],
+    "imagenet_ddp.py": ["self.train_set.set_epoch(epoch)"],
 }
 
 

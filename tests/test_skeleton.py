@@ -2,11 +2,14 @@
 the course's own, line for line, or the lab is named below with the reason it differs; a lab without them
 is named too. A reason that no longer holds (the lab has come back to the skeleton, or left the course) fails
 as well, so the list cannot go stale. Reads the labs' text (ast): no lab is imported or run."""
+import argparse
 import ast
 
 import pytest
 
 from conftest import ROOT
+from dpcourse import options
+from dpcourse.optim import REFERENCE_BATCH
 
 LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
@@ -106,21 +109,41 @@ OTHER_CHOICES = {
 
 
 def _options(path):
-    """{--option: {"default": ..., "choices": ..., "action": ...}} from the lab's add_argument calls (ast)."""
+    """{--option: {"default": ..., "choices": ..., "action": ..., "type": ...}} of the lab's own parser: its
+    parse_args() is taken from its text (ast) and run against dpcourse.options, so that the Horovod lab
+    needs no Horovod. The options dpcourse.options adds count as the lab's."""
+    tree = ast.parse(path.read_text())
+    namespace = {"argparse": argparse, "__doc__": "a lab", **vars(options), "REFERENCE_BATCH": REFERENCE_BATCH}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["REFERENCE_BATCH"]:
+            namespace["REFERENCE_BATCH"] = ast.literal_eval(node.value)
+        if isinstance(node, ast.FunctionDef) and node.name == "parse_args":
+            exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    parser = argparse.ArgumentParser()
+    try:
+        namespace["argparse"] = _Capture(parser)
+        namespace["parse_args"]([])
+    finally:
+        namespace["argparse"] = argparse
     out = {}
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args
-                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--")):
-            continue
-        spec = {}
-        for kw in node.keywords:
-            if kw.arg in ("default", "choices", "action", "type"):
-                try:
-                    spec[kw.arg] = ast.literal_eval(kw.value)
-                except ValueError:
-                    spec[kw.arg] = ast.unparse(kw.value)
-        out[node.args[0].value] = spec
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[0].startswith("--") and action.dest != "help":
+            out[action.option_strings[0]] = {"default": action.default, "choices": action.choices,
+                                             "action": type(action).__name__, "type": getattr(action.type, "__name__", None)}
     return out
+
+
+class _Capture:
+    """argparse, except that ArgumentParser() gives the one parser the test inspects."""
+
+    def __init__(self, parser):
+        self.parser = parser
+
+    def __getattr__(self, name):
+        return getattr(argparse, name)
+
+    def ArgumentParser(self, *args, **kwargs):  # noqa: N802 - argparse's name
+        return self.parser
 
 
 def test_the_training_labs_share_their_options_names_choices_and_defaults():
@@ -144,3 +167,50 @@ def test_the_training_labs_share_their_options_names_choices_and_defaults():
     assert shared > {"--backend", "--device", "--timeout", "--seed", "--lr-scaling"}, sorted(shared)
     stale = sorted((set(RECIPE_DEFAULTS) | set(OTHER_CHOICES)) - shared)
     assert not stale, f"reasons for options the training labs no longer share: {stale}"
+
+
+# ---------------------------------------------------------------- the training labs read in one sitting
+# Issue 27, item 1: main() at most 80 lines, no other function over 60, the file at most 350 lines.
+MAIN_LINES, FUNCTION_LINES, FILE_LINES = 80, 60, 350
+# The lessons that stay in each training lab, as calls (tokens of code, strings and comments aside).
+LESSONS = {
+    "fashion_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(", "DistributedSampler(",
+                       ".set_epoch(", "dist.all_reduce(", ".no_sync(", "dist.destroy_process_group(", "rank == 0"),
+    "imagenet_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(", "DistributedSampler(",
+                        ".set_epoch(", "dist.all_reduce(", "dist.destroy_process_group(", "rank == 0"),
+    "fashion_horovod.py": ("hvd.init(", "torch.cuda.set_device(", "hvd.DistributedOptimizer(", "DistributedSampler(",
+                           ".set_epoch(", "hvd.allreduce(", "hvd.broadcast_parameters(",
+                           "hvd.broadcast_optimizer_state(", "hvd.shutdown(", "rank == 0"),
+}
+
+
+def _code(path):
+    """The lab's code, its comments and strings left out (tokenize)."""
+    import io
+    import tokenize
+
+    kept = [tok.string for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+            if tok.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.NL, tokenize.NEWLINE,
+                                tokenize.INDENT, tokenize.DEDENT)]
+    return " ".join(kept).replace(" . ", ".").replace(" (", "(").replace(". ", ".")
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_the_training_labs_read_in_one_sitting(name):
+    path = ROOT / "solutions" / "labs" / name
+    text = path.read_text()
+    assert len(text.splitlines()) <= FILE_LINES, f"{name}: {len(text.splitlines())} lines, more than {FILE_LINES}"
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.FunctionDef)}
+    assert long.get("main", 0) <= MAIN_LINES, f"{name}: main() is {long['main']} lines, more than {MAIN_LINES}"
+    over = {f: n for f, n in long.items() if f != "main" and n > FUNCTION_LINES}
+    assert not over, f"{name}: functions over {FUNCTION_LINES} lines: {over}"
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_the_lessons_stay_in_the_training_labs(name):
+    """What a learner comes to read is a call in the lab itself, not in dpcourse (the marks test holds
+    each one to its `# DDP:` / `# Horovod:` reason)."""
+    code = _code(ROOT / "solutions" / "labs" / name)
+    missing = [call for call in LESSONS[name] if call.replace(" ", "") not in code.replace(" ", "")]
+    assert not missing, f"{name} no longer makes these calls itself: {missing}"

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import colorsys
 import fcntl
+import functools
 import io
 import json
 import math
+import multiprocessing
 import os
 import random
 import shutil
@@ -491,3 +493,37 @@ def loader_speed(dataset, batch: int = 64, workers: int = 2, batches: int = 30, 
     start = time.perf_counter()
     n = sum(len(b[1]) for b in it)
     return n / (time.perf_counter() - start)
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_start():
+    """DataLoader workers start from a clean server process, not as forks of the training process: a fork
+    copies a process whose other threads (gloo's, PyTorch's) may hold a lock that the child then waits on
+    forever. torch, torchvision and this module are imported once in the server, not once per worker."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torchvision", "dpcourse.images"])
+    return context
+
+
+def batch_loader(dataset, batches, workers: int, decode_on: str, device, worker_init_fn=None):
+    """A DataLoader over ``batches`` (lists of indices: a rank's share, cut by its sampler), decoding in
+    ``workers`` worker processes (``decode_on="workers"``) or handing over the JPEG bytes for the device
+    to decode (``"device"``: ``to_device``)."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, batch_sampler=batches, num_workers=workers,
+                      multiprocessing_context=_worker_start() if workers else None,
+                      worker_init_fn=worker_init_fn, pin_memory=torch.device(device).type == "cuda",
+                      prefetch_factor=4 if workers else None,
+                      collate_fn=None if decode_on == "workers" else collate_bytes)
+
+
+def to_device(dataset, batch, decode_on: str, device, memory_format=torch.contiguous_format):
+    """A batch of ``batch_loader`` as normalised float images on ``device``, and its labels."""
+    if decode_on == "device":  # JPEG bytes: decoded and cropped on the GPU (nvJPEG)
+        data, y, index = batch
+        x = decode_batch(dataset, data, index, device)
+    else:
+        x, y = batch
+    x = normalize(x.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
+    return x, y.to(device, non_blocking=True)

@@ -174,3 +174,41 @@ class StepTimer:
                "buckets": round(self.buckets / n, 2)}
         self._reset()
         return out
+
+
+def trace_profiler(path, wait: int = 5, active: int = 3):
+    """torch.profiler over ``active`` steps after ``wait``, saved as a Chrome trace at ``path`` (open it
+    at https://ui.perfetto.dev or chrome://tracing); None without a path. Call ``step()`` after each
+    training step and ``stop()`` at the end."""
+    if not path:
+        return None
+    prof = torch.profiler.profile(schedule=torch.profiler.schedule(wait=wait, warmup=1, active=active, repeat=1),
+                                  on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+    prof.start()
+    return prof
+
+
+# Dense bf16/fp16 tensor-core peaks in TFLOP/s, from the vendors' data sheets, for the model FLOP
+# utilisation (MFU) in ImageNet's log: the first name found in the GPU's name gives its peak.
+PEAK_TFLOPS = {"H200": 989, "H100 SXM": 989, "H100 80GB HBM3": 989, "H100 PCIe": 756, "H100": 756,
+               "A100": 312, "L40S": 362, "A40": 150, "A10": 125, "V100": 125, "RTX 4090": 165}
+
+
+def peak_tflops(device, given: float | None = None) -> float | None:
+    """This GPU's dense tensor-core peak (``given``, else the table above); None on a CPU or an unknown GPU."""
+    if given or torch.device(device).type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def train_flops(model: torch.nn.Module, image_size: int) -> int:
+    """FLOPs of one image's forward and backward, counted on a shape-only ("meta") copy of ``model``."""
+    from copy import deepcopy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    meta = deepcopy(model).to("meta")
+    with FlopCounterMode(display=False) as counter:  # 2 images: BatchNorm refuses to train on one
+        meta(torch.empty(2, 3, image_size, image_size, device="meta")).sum().backward()
+    return counter.get_total_flops() // 2

@@ -65,3 +65,15 @@ class LARS(torch.optim.Optimizer):
                 buf.mul_(group["momentum"]).add_(g)
                 p.add_(buf, alpha=-group["lr"])
         return loss
+
+
+def optimizer_by_name(name: str, params, lr: float, weight_decay: float, lars_eta: float = 0.001) -> torch.optim.Optimizer:
+    """The FashionMNIST labs' --optimizer: ``sgd`` (Nesterov momentum 0.9), ``adamw``, or ``lars``
+    (a rate per layer, for very large batches; notebook 08)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
+    if name == "lars":
+        return LARS(params, lr=lr, momentum=0.9, weight_decay=weight_decay, eta=lars_eta)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"no optimizer {name!r}: sgd, adamw or lars")
