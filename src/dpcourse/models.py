@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 NORMS = ("group", "batch", "none")
@@ -42,3 +43,18 @@ class FashionCNN(nn.Sequential):
             nn.Linear(2 * width * 7 * 7, classes),
         )
         self.config = {"name": "FashionCNN", "width": width, "norm": norm, "classes": classes}
+
+    def to(self, *args, **kwargs):
+        """``nn.Module.to``; then, on a GPU, the first convolution's weight, which sees one input
+        channel, keeps torch's default strides. With one input channel, ``channels_last`` holds the
+        same bytes in the same order, but on a GPU its strides differ from those cuDNN gives the
+        weight's gradient, and DDP, which compares them with its bucket's, warns on every rank ("Grad
+        strides do not match bucket view strides"; seen on an H100). On the CPU the gradient comes
+        back in the weight's own strides, and the CPU's convolution picks its kernel by them, so the
+        CPU keeps them as they are."""
+        module = super().to(*args, **kwargs)
+        first = module[0].weight
+        if first.is_cuda and first.shape[1] == 1 and first.stride()[1] != first[0, 0].numel():
+            first.data = first.data.clone(memory_format=torch.contiguous_format)  # same values, same order
+        return module
+
