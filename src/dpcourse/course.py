@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from .data import project_root
+from .paths import project_root
 from .launch import STUB, not_done
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from .dist import rank0_first
 from .errors import CourseError
+from .paths import project_root
 
 # name -> (uncompressed size in bytes, official SHA-256 of the uncompressed file)
 FILES = {
@@ -60,15 +61,6 @@ MEAN, STD = 0.2860, 0.3530  # of the 60k training images, pixels scaled to [0, 1
 SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 DOWNLOAD_TIMEOUT_S = 15
 
-
-def project_root(start: Path | None = None) -> Path | None:
-    """The course checkout that contains ``start`` (or the working directory), if any."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        p = d / "pyproject.toml"
-        if p.is_file() and 'name = "dpcourse"' in p.read_text(errors="ignore"):
-            return d
-    return None
 
 
 def default_root(root: str | os.PathLike | None = None) -> Path:

@@ -40,7 +40,8 @@ import torch.distributed as dist
 
 # absolute imports: the bandwidth check runs this file as a script under torchrun
 from dpcourse import dist as ddp_env
-from dpcourse.data import ensure_fashion_mnist, project_root
+from dpcourse.data import ensure_fashion_mnist
+from dpcourse.paths import project_root
 from dpcourse.errors import CourseError
 from dpcourse.launch import Run, _cause, job_cores, lab, python, torchrun
 

@@ -33,7 +33,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import project_root
+from .paths import project_root
 from .errors import CourseError
 from .metrics import read_log
 
@@ -378,7 +378,7 @@ def _relative(path) -> str:
 
 STUB = "Exercise: see the hint above"  # what every exercise stub says (dpcourse.course writes them)
 # A lab, a job script or a notebook cell that met a stub says so in one of these ways: Python's traceback
-# ("NotImplementedError: Exercise: see the hint above"), dpcourse.dist's excepthook on a rank in a process
+# ("NotImplementedError: Exercise: see the hint above"), dpcourse.explain's excepthook on a rank in a process
 # group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This exercise of the lab is not done
 # yet ...'), a lab's own verdict ("f: not done yet — NotImplementedError: Exercise: see the hint above"), a job
 # script's echo, or a cell's own NotImplementedError("Exercise: ...") (run_ok's below).

@@ -295,7 +295,7 @@ def describe(step: Step, job: Job) -> str:
 
 def dry_run(template: str | os.PathLike, sbatch_options=(), lab_args=(), root: Path | None = None) -> DryRun:
     """Run ``template`` as Slurm would start it, with stand-ins for srun and scontrol."""
-    from .data import project_root
+    from .paths import project_root
 
     template = Path(template)
     if not template.is_file():
