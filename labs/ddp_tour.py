@@ -21,8 +21,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpcourse import dist as ddp_env
-from dpcourse.dist import free_port
 from dpcourse.metrics import JsonLog
+from dpcourse.rendezvous import free_port
 
 
 # DDP: how long the group's meeting, and each collective, waits for every rank: a rank that cannot

@@ -14,8 +14,10 @@ import torch
 from conftest import AT_ONCE_S, ROOT, ranks_part, run, torchrun_cmd
 from dpcourse import CourseError
 from dpcourse import dist as dpcourse_dist
-from dpcourse.dist import (DistEnv, _tasks_per_node, bound_one_each, choose_backend, default_port, describe_gpus,
-                           env_info, free_port, gpu_roll_call, job_gpus, place, why_no_gpu)
+from dpcourse.dist import (DistEnv, bound_one_each, choose_backend, describe_gpus, env_info, gpu_roll_call, job_gpus,
+                           place, why_no_gpu)
+from dpcourse.rendezvous import default_port, free_port
+from dpcourse.whoami import _tasks_per_node
 
 HELLO = ROOT / "solutions" / "labs" / "hello.py"
 

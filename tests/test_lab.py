@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, run
 from dpcourse.data import _corrupt, _no_data_message
-from dpcourse.dist import free_port
+from dpcourse.rendezvous import free_port
 
 
 def test_jupyterlab_serves_the_student_notebook_without_nbgrader(tmp_path):

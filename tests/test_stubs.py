@@ -19,7 +19,7 @@ STOPPED_AT_A_STUB = {
     "a traceback": ['[rank0]:  File "labs/io_race.py", line 81, in fetch_rank0_first',
                     '[rank0]:    raise NotImplementedError("Exercise: see the hint above")',
                     "[rank0]:NotImplementedError: Exercise: see the hint above"],
-    # a rank in a process group: dpcourse.dist's excepthook, one line (the line notebook 06's check missed)
+    # a rank in a process group: dpcourse.explain's excepthook, one line (the line notebook 06's check missed)
     "the excepthook's line": ['[rank0]:File "labs/io_race.py", line 81, in fetch_rank0_first: Exercise: see the '
                               "hint above. This exercise of the lab is not done yet: complete it (its notebook's "
                               "check says when it is right), or run the complete lab in solutions/labs/."],

@@ -139,7 +139,7 @@ def test_every_generated_stub_line_fits_the_editor(generated):
 # Untouched learners' notebooks whose checks run labs, checked in the test below beside notebook 01: each way a
 # lab says that it stopped at a stub must read "not done yet" (notebook 06's exercise 2 once read "fails: ...").
 # 04: its check reads the log of labs/ring_allreduce.py, then run_ok; 06: its check runs labs/io_race.py under
-# torchrun (a rank in a process group says it through dpcourse.dist's excepthook); 09: its check dry-runs
+# torchrun (a rank in a process group says it through dpcourse.explain's excepthook); 09: its check dry-runs
 # labs/first_job.sbatch (a job script's stub says it with echo). About 20 s for the three, beside 01's 35 s.
 UNTOUCHED_WITH_LABS = ("04_allreduce_algorithms.ipynb", "06_data_sharding.ipynb", "09_cluster.ipynb")
 

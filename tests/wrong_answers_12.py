@@ -35,7 +35,7 @@ SAYS = {
     "rank0_accuracy": "rank 0 reports 5,000 images, not 10,000",
     "padded_eval": "10,002 images tested, not 10,000",
     "unscaled_lr": "lr 0.016 for a global batch of 512; the linear rule gives 0.032",
-    "skipped_collective": "waited its whole timeout and no other rank joined it",  # the hang, named by dpcourse.dist
+    "skipped_collective": "waited its whole timeout and no other rank joined it",  # the hang, named by dpcourse.explain
     "shape_mismatch": "doesn't match expected size",  # gloo's own words, from the rank that crashed
 }
 

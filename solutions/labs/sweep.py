@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_ddp.py beside this file
 import fashion_ddp  # noqa: E402
-from dpcourse.dist import free_port  # noqa: E402
+from dpcourse.rendezvous import free_port  # noqa: E402
 
 
 def fresh_rendezvous(run, agent):

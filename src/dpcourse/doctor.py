@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import data
+from . import data, rendezvous
 from . import dist as ddp_env
 from .errors import CourseError
 
@@ -177,29 +177,29 @@ def check_launch(info: ddp_env.DistEnv, given: dict, ip: str | None) -> list:
     who = f"{LAUNCHERS.get(info.launcher, 'no launcher')}: rank {info.rank} of {info.world_size}, " \
           f"local rank {info.local_rank} of {info.local_world_size}"
     if info.launcher in ("torchrun", "env") and not (addr and port):
-        return [(PROBLEM, "launch", ddp_env._BY_HAND)]
+        return [(PROBLEM, "launch", rendezvous.BY_HAND)]
     if info.launcher != "torchrun" and not addr and info.local_world_size != info.world_size:
         return [(PROBLEM, "launch", f"{who}, on several nodes, but MASTER_ADDR is not set. Export rank 0's "
-                 f"host before the launch, e.g. in an sbatch script: {ddp_env._SCONTROL}")]
+                 f"host before the launch, e.g. in an sbatch script: {rendezvous.SCONTROL}")]
     if addr and ip is None:
         return [(PROBLEM, "launch", f"MASTER_ADDR={addr} does not resolve on {host}. Check the spelling; it "
-                 f"must be rank 0's host name or IP address (in a Slurm job: {ddp_env._SCONTROL}).")]
+                 f"must be rank 0's host name or IP address (in a Slurm job: {rendezvous.SCONTROL}).")]
     lines = [(OK, "launch", "no launcher: one process (a lab then uses 127.0.0.1 and a free port)"
               if info.launcher == "none" and not (addr or port) else
               f"{who}, MASTER_ADDR={addr or '127.0.0.1 (one node)'} MASTER_PORT="
-              + (port or ("unset" if info.launcher == "none" else f"{ddp_env.default_port()} (from the job)")))]
+              + (port or ("unset" if info.launcher == "none" else f"{rendezvous.default_port()} (from the job)")))]
     if info.launcher in ("torchrun", "horovodrun") or info.rank != 0:
         return lines  # torchrun serves its own store on MASTER_PORT; rank 0 serves the others'
     if info.launcher == "none" and not port:
         return lines  # plain `python lab.py` picks a free port itself
-    port, ip = int(port or ddp_env.default_port()), ip or "127.0.0.1"
+    port, ip = int(port or rendezvous.default_port()), ip or "127.0.0.1"
     if not _local(ip):  # rank 0 serves the rendezvous at MASTER_ADDR: it must be this host
         if info.launcher != "none":
             lines.append((PROBLEM, "port", f"MASTER_ADDR={addr} ({ip}) is not this host ({host}), where rank 0 "
-                          f"runs: it must name rank 0's host. {ddp_env._SCONTROL}"))
+                          f"runs: it must name rank 0's host. {rendezvous.SCONTROL}"))
     else:
         lines.append((OK, "port", f"{port} is free on {NODE}") if _port_free(port)
-                     else (PROBLEM, "port", ddp_env._port_in_use(addr or "127.0.0.1", port)))
+                     else (PROBLEM, "port", rendezvous.port_in_use(addr or "127.0.0.1", port)))
     return lines
 
 
@@ -229,7 +229,7 @@ def check_data(root: str | None) -> list:
 def allreduce_locally(backend: str | None, timeout: float) -> list:
     """Start 2 processes here (``--worker``) that all_reduce over a fresh port."""
     backend = "nccl" if backend == "nccl" and torch.cuda.device_count() >= 2 else "gloo"
-    port, start = ddp_env.free_port(), time.perf_counter()
+    port, start = rendezvous.free_port(), time.perf_counter()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1", "DPCOURSE_DOCTOR_BACKEND": backend}
     procs = [subprocess.Popen([sys.executable, "-m", "dpcourse.doctor", "--worker", "--timeout", str(timeout)],
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = check_torch() + check_gpus(info, args.backend)
     backend_lines, chosen = check_backends(info, args.backend)
     addr = given.get("MASTER_ADDR")
-    ip = ddp_env._resolve(addr, 5) if addr else None
+    ip = rendezvous.resolve(addr, 5) if addr else None
     lines += backend_lines + check_network(chosen, addr, ip)
     launch = check_launch(info, given, ip)
     lines += launch + (check_data(args.data_root) if info.local_rank == 0 else [])

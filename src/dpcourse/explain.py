@@ -1,0 +1,158 @@
+"""When something goes wrong on a rank: one line that says what happened, not a traceback from every rank.
+
+``explain_errors()`` installs the excepthook: an unfinished exercise of a learner's lab (said once, by
+rank 0), a collective whose peer died, or one that waited its whole timeout (a hang, with where this
+rank waits). And at exit, what still holds a destroyed process group is let go, so that gloo's threads
+do not outlive the interpreter.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import re
+import sys
+import time
+import traceback
+from datetime import timedelta
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from .whoami import env_info
+
+
+def _report_threads_at_exit() -> None:
+    """$DPCOURSE_EXIT_THREADS=1: this process's threads as it exits, in one line (the tests read it).
+    Registered before ``_release_destroyed_groups``, so it runs after it (atexit runs in reverse)."""
+    if os.environ.get("DPCOURSE_EXIT_THREADS") != "1":
+        return
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    os.write(1, f"[exit] rank {os.environ.get('RANK', '?')} threads: {' '.join(sorted(names))}\n".encode())
+
+def _release_destroyed_groups() -> None:
+    """At exit, once a lab has called ``destroy_process_group``: let go of what still holds its groups.
+
+    torch 2.14's DTensor keeps every DeviceMesh it has seen in module-level caches (sharding
+    propagation, redistribution plans, mesh topology), and a mesh keeps its process groups. So after
+    FSDP (``fully_shard``) the destroyed group and gloo's threads live on into the interpreter's exit,
+    where a rank can abort ("terminate called without an active exception"; 3 gloo ranks of
+    labs/fsdp_fashion.py, in CI). Emptied here, the group is freed and its threads end before Python
+    does. The sharding cache is per thread: this empties the main thread's, which is all of it on the
+    CPU (backward runs there), not what autograd's GPU threads filled. A group still initialized (no
+    cleanup) is left as it is."""
+    if not dist.is_available() or dist.is_initialized() or "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor import _collective_utils, _redistribute, debug
+
+    for clear in (debug._clear_sharding_prop_cache, _redistribute.clear_redistribute_planner_cache,
+                  _redistribute._gen_transform_infos.cache_clear,
+                  _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear):
+        clear()
+    gc.collect()
+
+atexit.register(_report_threads_at_exit)
+
+atexit.register(_release_destroyed_groups)
+
+# What gloo, NCCL and the TCPStore say when the rank on the other end of a collective is gone.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Socket Timeout", "Timed out waiting", "timed out", "NCCL communicator was aborted")
+
+_SAID = "dpcourse/exercise_said"  # set in the group's store by rank 0 once it has said the unfinished exercise
+
+_SAID_WAIT_S = 30.0
+
+def _rank0_said_it() -> bool:
+    """A rank other than 0 at an unfinished exercise: wait until rank 0 has said it (it meets the same stub,
+    but on a loaded machine it can come there seconds later). True once it has, or once the store has gone
+    with rank 0 (srun, mpirun, by hand: rank 0 serves it; under torchrun the agent does, and ends this rank
+    when rank 0 fails); False if rank 0 has not said it within _SAID_WAIT_S (busy elsewhere, in a collective
+    this rank will never join, say): then this rank says it. Without a process group: 3 s, then this rank
+    says it."""
+    store = dist.distributed_c10d._get_default_store() if dist.is_available() and dist.is_initialized() else None
+    if store is None:
+        time.sleep(3.0)
+        return False
+    try:
+        store.wait([_SAID], timedelta(seconds=_SAID_WAIT_S))
+        return True
+    except (dist.DistNetworkError, KeyboardInterrupt):  # the store has gone with rank 0; or Ctrl-C: quietly
+        return True
+    except RuntimeError:  # DistStoreError: the wait's timeout
+        return False
+
+def _tell_the_others() -> None:
+    """Rank 0, once it has said the unfinished exercise: the other ranks may end without a word."""
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.distributed_c10d._get_default_store().set(_SAID, "1")
+    except RuntimeError:
+        pass  # nobody left to tell
+
+def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
+    """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a traceback;
+    so is an unfinished exercise of a learner's lab, which every rank meets alike: rank 0 says it.
+
+    (torch's own hook, installed by init_process_group around this one, adds the "[rankN]:" tag.)
+    """
+    text = str(err)
+    if isinstance(err, NotImplementedError) and text.startswith("Exercise:") \
+            and not os.environ.get("DPCOURSE_TRACEBACK"):
+        if env_info().rank != 0 and _rank0_said_it():
+            return  # exit status 1, without a word: rank 0 has said it
+        where = traceback.extract_tb(tb)[-1]
+        try:
+            path = os.path.relpath(where.filename)
+        except ValueError:
+            path = where.filename
+        print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
+              "not done yet: complete it (its notebook's check says when it is right), or run the "
+              "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
+        if env_info().rank == 0:  # once torch's hook around this one has written the line (atexit runs after it)
+            atexit.register(_tell_the_others)
+        return
+    if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
+            and not os.environ.get("DPCOURSE_TRACEBACK"):
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        first = re.sub(r"^(\[[^\]]*\]:?\s*)+", "", first).split(". ")[0][:120]  # no source paths
+        collective, where = _waiting_in(tb)
+        if "imed out" in text or "Timeout" in text:  # nobody answered: most often a hang, not a crash
+            print(f"{collective} at {where} waited its whole timeout and no other rank joined it ({first}). "
+                  "This is a hang: another rank is not calling the same collective: it called a different "
+                  "one or none (a collective under `if rank == 0:`, ranks that take different numbers of "
+                  "steps), or it is stuck or gone. Compare where each rank waits (this line, on each rank); "
+                  "DPCOURSE_TRACEBACK=1 shows this rank's traceback.",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"lost another rank in the middle of {collective} at {where} ({first}). It probably "
+                  "crashed, was killed or ran out of time (its own output says why), or it ended without "
+                  "calling this collective. "
+                  "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)", file=sys.stderr, flush=True)
+        return
+    fallback(kind, err, tb)
+
+def _waiting_in(tb) -> tuple[str, str]:
+    """(the collective, "file:line (function)" of the code that called it) from a traceback."""
+    frames = traceback.extract_tb(tb)
+    torch_dir = os.path.dirname(torch.__file__)
+    ours = [f for f in frames if not f.filename.startswith(torch_dir)]
+    collective = next((f.name for f in reversed(frames) if f.filename.endswith("distributed_c10d.py")
+                       and f.name != "wrapper"), "a collective")
+    if not ours:
+        return collective, "?"
+    return collective, f"{os.path.basename(ours[-1].filename)}:{ours[-1].lineno} ({ours[-1].name})"
+
+def explain_errors() -> None:
+    """From now on, an unfinished exercise of a lab, or a collective whose peer died, ends this
+    rank with one line (rank 0's, for an exercise) instead of a traceback per rank. ``prepare``
+    calls it; a lab without ``prepare`` (Horovod's) calls it itself."""
+    if env_info().world_size > 1:
+        sys.excepthook = partial(_explain_lost_peer, fallback=sys.__excepthook__)
