@@ -28,7 +28,7 @@ NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader
 LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}
 
-.PHONY: setup data course lab test student check slurm-demo horovod gpu-check clean
+.PHONY: setup data course lab test lint student check slurm-demo horovod gpu-check clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,10 @@ lab: data
 TEST_WORKERS ?= 2
 test: setup
 	OMP_NUM_THREADS=1 TQDM_DISABLE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# ruff with pyproject.toml's [tool.ruff] (tests/test_lint.py runs it too)
+lint: setup
+	$(BIN)/ruff check .
 
 # Refuses to overwrite edited copies in notebooks/ and labs/ (a learner's work) unless FORCE=1.
 student: setup

@@ -9,8 +9,14 @@ import torch
 
 from conftest import AT_ONCE_S, OFFLINE, ROOT, run, torchrun_cmd
 from dpcourse import CourseError
-from dpcourse.data import (FILES, InMemoryFashionMNIST, SYSTEM_DIR, ensure_fashion_mnist,
-                           load_fashion_mnist, torchvision_fashion_mnist)
+from dpcourse.data import (
+    FILES,
+    SYSTEM_DIR,
+    InMemoryFashionMNIST,
+    ensure_fashion_mnist,
+    load_fashion_mnist,
+    torchvision_fashion_mnist,
+)
 
 NO_SOURCES = {"DPCOURSE_SYSTEM_DATA": "/nonexistent/fashion-mnist", **OFFLINE}
 

@@ -1,7 +1,7 @@
 """dpcourse.dist: launcher variables, backend choice, and real multi-process runs."""
 import json
-import re
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -14,8 +14,17 @@ import torch
 from conftest import AT_ONCE_S, ROOT, ranks_part, run, torchrun_cmd
 from dpcourse import CourseError
 from dpcourse import dist as dpcourse_dist
-from dpcourse.dist import (DistEnv, bound_one_each, choose_backend, describe_gpus, env_info, gpu_roll_call, job_gpus,
-                           place, why_no_gpu)
+from dpcourse.dist import (
+    DistEnv,
+    bound_one_each,
+    choose_backend,
+    describe_gpus,
+    env_info,
+    gpu_roll_call,
+    job_gpus,
+    place,
+    why_no_gpu,
+)
 from dpcourse.rendezvous import default_port, free_port
 from dpcourse.whoami import _tasks_per_node
 
@@ -347,11 +356,15 @@ def messages(results):
 
 
 def test_default_port_differs_per_job_and_step_and_is_shared_by_its_ranks():
-    job = lambda j, step, rank=0: {**slurm_vars(rank, 2), "SLURM_JOB_ID": str(j), "SLURM_STEP_ID": str(step)}
+    def job(j, step, rank=0):
+        return {**slurm_vars(rank, 2), "SLURM_JOB_ID": str(j), "SLURM_STEP_ID": str(step)}
+
     ports = {default_port(job(j, s)) for j in (4100, 4101, 4102) for s in (0, 1)}
     assert len(ports) == 6 and all(20000 <= p < 30000 for p in ports)
     assert default_port(job(4100, 0, rank=0)) == default_port(job(4100, 0, rank=1))
-    mpi = lambda jobid: {**ompi_vars(0, 2), "OMPI_MCA_ess_base_jobid": jobid}
+    def mpi(jobid):
+        return {**ompi_vars(0, 2), "OMPI_MCA_ess_base_jobid": jobid}
+
     assert default_port(mpi("1724710913")) != default_port(mpi("1724710914"))
 
 

@@ -1,8 +1,8 @@
 """pyproject.toml and environment.yml must list the same packages with the same pins."""
 import re
-import tomllib
 
 import pytest
+import tomllib
 
 # conda-forge names that differ from PyPI's
 CONDA_TO_PIP = {"pytorch": "torch", "matplotlib-base": "matplotlib"}

@@ -16,9 +16,9 @@ import torch
 
 from conftest import AT_ONCE_S, LAUNCHER_LOG, OFFLINE, ROOT, end_session, lab_cmd, run, torchrun_cmd
 from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.rendezvous import free_port
 from dpcourse.metrics import read_log
 from dpcourse.models import FashionCNN
+from dpcourse.rendezvous import free_port
 
 pytestmark = pytest.mark.slow
 LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"

@@ -4,14 +4,13 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
-import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from conftest import ROOT, run
 from dpcourse.data import _corrupt, _no_data_message

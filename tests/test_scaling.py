@@ -10,9 +10,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from conftest import ROOT, run  # noqa: E402
-from dpcourse import plots, scaling  # noqa: E402
-from dpcourse.errors import CourseError  # noqa: E402
+from conftest import ROOT, run
+from dpcourse import plots, scaling
+from dpcourse.errors import CourseError
 
 LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 NAMES = ["strong-k1", "strong-k2", "weak-k1", "weak-k2"]

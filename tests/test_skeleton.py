@@ -142,7 +142,7 @@ class _Capture:
     def __getattr__(self, name):
         return getattr(argparse, name)
 
-    def ArgumentParser(self, *args, **kwargs):  # noqa: N802 - argparse's name
+    def ArgumentParser(self, *args, **kwargs):  # argparse's name
         return self.parser
 
 

@@ -3,11 +3,11 @@ and the hierarchical all-reduce on two real nodes."""
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
-import shlex
 
 import pytest
 
@@ -95,6 +95,7 @@ def test_mpirun_inside_an_srun_step_forms_one_group(slurm):
 def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
     """Two single-node `srun -n2` jobs start together (on n1 and n2: one host); no MASTER_PORT."""
     import subprocess
+
     from dpcourse.localslurm import ROOT, clean_env
     cmd = ["srun", "-N1", "-n2", slurm.python, HELLO]
     jobs = [subprocess.Popen(cmd, cwd=ROOT, env=clean_env(**slurm.env), text=True, stdout=subprocess.PIPE,

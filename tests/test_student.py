@@ -13,7 +13,14 @@ import nbformat
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.course import BEGIN, END, generate_student, lab_files, student_notebook, student_script
+from dpcourse.course import (
+    BEGIN,
+    END,
+    generate_student,
+    lab_files,
+    student_notebook,
+    student_script,
+)
 
 pytest.importorskip("nbgrader")
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import nbformat
 
-from .paths import project_root
 from .launch import STUB, not_done
+from .paths import project_root
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 HINT = re.compile(r"BEGIN SOLUTION\s*\((?:hint:\s*)?(.*)\)\s*(?:-->)?\s*$")
@@ -78,7 +78,7 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
         client.execute(env={**os.environ, UNDER_TEST: "1"})
     except CellExecutionError as err:
         error = str(err).strip().splitlines()[-1] if str(err).strip() else "cell failed"
-    except Exception as err:  # a dead kernel, a timeout: report it in the table
+    except Exception as err:  # noqa: BLE001 - a dead kernel, a timeout: report it in the table
         error = f"{type(err).__name__}: {err}".splitlines()[0]
     return nb, time.perf_counter() - start, error
 

@@ -141,7 +141,7 @@ def _download(name: str, raw: Path) -> str | None:
         for mirror in FashionMNIST.mirrors:
             try:
                 download_url(f"{mirror}{name}.gz", str(raw), f"{name}.gz", md5)
-            except Exception as err:  # urllib, socket and checksum errors all mean "try the next"
+            except Exception as err:  # noqa: BLE001 - urllib, socket and checksum errors all mean "try the next"
                 errors.append(f"{mirror}: {err}")
                 (raw / f"{name}.gz").unlink(missing_ok=True)  # never leave half a download behind
                 continue

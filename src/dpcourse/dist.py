@@ -31,10 +31,11 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
 # torch 2.14: the first optimiser imports torch.distributed.nn, whose functions keep the default
 # group alive if it exists by then; gloo's threads then outlive Python at exit and a rank can
 # abort ("terminate called without an active exception"). Imported here, before any group.
-import torch.distributed.nn  # noqa: F401,E402
+import torch.distributed.nn
 
 from . import rendezvous
 from .errors import CourseError

@@ -65,7 +65,7 @@ def _torch_build() -> list:
         return [(OK, "torch", f"{torch.__version__}, a CPU-only build (no CUDA, no NCCL): fine on a CPU node")]
     try:
         nccl = "NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # a build without NCCL
+    except Exception:  # noqa: BLE001 - a build without NCCL
         nccl = "no NCCL"
     gpus = "GPUs visible" if torch.cuda.is_available() else "no GPU visible: fine on a CPU node"
     return [(OK, "torch", f"{torch.__version__}, CUDA {torch.version.cuda} build, {nccl}; {gpus}")]
@@ -284,7 +284,7 @@ def allreduce_in_job(backend: str, timeout: float, mine: dict) -> tuple[list, li
         dist.destroy_process_group()
     except SystemExit as err:  # CourseError: prepare's one line; a bare exit: rank 0 says why
         return ([(PROBLEM, "all_reduce", re.sub(r"^\[rank \d+\] ", "", str(err)))] if err.code != 1 else []), None
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - whatever stopped the all_reduce, the table says it
         return [(PROBLEM, "all_reduce", f"the job's ranks did not complete one all_reduce within {timeout:g} s: "
                  f"{str(err).strip().splitlines()[0][:200]}. Check the route and network lines above.")], None
     w = env.world_size

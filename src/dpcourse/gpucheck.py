@@ -41,9 +41,9 @@ import torch.distributed as dist
 # absolute imports: the bandwidth check runs this file as a script under torchrun
 from dpcourse import dist as ddp_env
 from dpcourse.data import ensure_fashion_mnist
-from dpcourse.paths import project_root
 from dpcourse.errors import CourseError
 from dpcourse.launch import Run, _cause, job_cores, lab, python, torchrun
+from dpcourse.paths import project_root
 
 MIB = 2**20
 

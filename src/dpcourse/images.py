@@ -127,10 +127,10 @@ def make_shards(src, dest, shard_size: int = 1000, seed: int = 0, progress: bool
         random.Random(seed).shuffle(order)
         out = dest / split
         out.mkdir(parents=True, exist_ok=True)
-        files, where = [], {"shard": [], "offset": [], "size": [], "target": []}
+        files, where, tar = [], {"shard": [], "offset": [], "size": [], "target": []}, None
         for n, i in enumerate(tqdm(order, desc=f"shards of {split}", unit="img", disable=_quiet(progress))):
             if n % shard_size == 0:
-                if files:
+                if tar is not None:
                     tar.close()
                 files.append(f"shard-{len(files):06d}.tar")
                 tar = tarfile.open(out / files[-1], "w", format=tarfile.USTAR_FORMAT)

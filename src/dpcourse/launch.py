@@ -33,9 +33,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import project_root
 from .errors import CourseError
 from .metrics import read_log
+from .paths import project_root
 
 
 @dataclass

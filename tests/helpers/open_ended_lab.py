@@ -15,9 +15,8 @@ os.nice(int(os.environ.get("NICE", "0")))  # before torch's import, which is mos
 
 import runpy  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402

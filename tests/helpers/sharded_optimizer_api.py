@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "solutions" / "labs"))
-from sharded_optimizer import ShardedOptimizer, UnevenNet  # noqa: E402
+from sharded_optimizer import ShardedOptimizer, UnevenNet
 
 
 def groups(model):

@@ -1,0 +1,44 @@
+"""The linter (issue 27, item 7): ruff, configured in pyproject.toml ([tool.ruff]), finds nothing in the
+course's code. It checks what pyflakes checks (unused imports and variables, undefined names), the
+import order, and that every `# noqa` names a rule the linter runs (RUF100): a comment that silences
+nothing goes. The learner's generated copies (labs/, notebooks/) are left out: their stubs are unfinished
+on purpose. The second test shows that the configuration is the one in force, so that a clean result
+cannot come from a linter that checks nothing."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def ruff() -> str:
+    """The ruff of the course's environment (make setup installs it from pyproject.toml's dev extras)."""
+    beside = Path(sys.executable).parent / "ruff"
+    found = str(beside) if beside.exists() else shutil.which("ruff")
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail("ruff is not installed: make setup installs it (pyproject.toml, dev extras)")
+        pytest.skip("ruff is not installed (make setup installs it)")
+    return found
+
+
+def test_ruff_finds_nothing_in_the_course():
+    done = subprocess.run([ruff(), "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"ruff check (pyproject.toml's [tool.ruff]) found:\n{done.stdout}{done.stderr}"
+
+
+def test_the_configuration_in_force_finds_what_it_should():
+    """The repository's configuration, given a lab's text with one fault of each kind it checks (on stdin,
+    as if it were a file of solutions/labs/: nothing is written there), names each one."""
+    probe = ("import sys\nimport os\n\nx = lambda: 1\ntry:\n    pass\nexcept Exception:\n    pass\n"
+             "import json\ny = 1  # noqa: F401\nprint(undefined_name)\n")
+    done = subprocess.run([ruff(), "check", "--no-cache", "--output-format", "concise",
+                           "--stdin-filename", "solutions/labs/probe.py", "-"], cwd=ROOT, input=probe,
+                          capture_output=True, text=True, timeout=120)
+    for rule in ("I001", "F401", "E731", "BLE001", "E402", "F821", "RUF100"):
+        assert rule in done.stdout, f"ruff's configuration does not catch {rule}:\n{done.stdout}{done.stderr}"
