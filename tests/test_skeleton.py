@@ -108,10 +108,9 @@ OTHER_CHOICES = {
 }
 
 
-def _options(path):
-    """{--option: {"default": ..., "choices": ..., "action": ..., "type": ...}} of the lab's own parser: its
-    parse_args() is taken from its text (ast) and run against dpcourse.options, so that the Horovod lab
-    needs no Horovod. The options dpcourse.options adds count as the lab's."""
+def lab_parser(path) -> argparse.ArgumentParser:
+    """The lab's own parser: its parse_args() is taken from its text (ast) and run against dpcourse.options,
+    so that the Horovod lab needs no Horovod. The options dpcourse.options adds count as the lab's."""
     tree = ast.parse(path.read_text())
     namespace = {"argparse": argparse, "__doc__": "a lab", **vars(options), "REFERENCE_BATCH": REFERENCE_BATCH}
     for node in tree.body:
@@ -120,13 +119,15 @@ def _options(path):
         if isinstance(node, ast.FunctionDef) and node.name == "parse_args":
             exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
     parser = argparse.ArgumentParser()
-    try:
-        namespace["argparse"] = _Capture(parser)
-        namespace["parse_args"]([])
-    finally:
-        namespace["argparse"] = argparse
+    namespace["argparse"] = _Capture(parser)
+    namespace["parse_args"]([])
+    return parser
+
+
+def _options(path):
+    """{--option: {"default": ..., "choices": ..., "action": ..., "type": ...}} of the lab's parser."""
     out = {}
-    for action in parser._actions:
+    for action in lab_parser(path)._actions:
         if action.option_strings and action.option_strings[0].startswith("--") and action.dest != "help":
             out[action.option_strings[0]] = {"default": action.default, "choices": action.choices,
                                              "action": type(action).__name__, "type": getattr(action.type, "__name__", None)}
