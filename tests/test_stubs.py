@@ -115,3 +115,24 @@ def test_no_notebook_recognises_a_stub_by_its_own_pattern():
            for number, cell in enumerate(nbformat.read(path, as_version=4).cells, 1) if cell.cell_type == "code"
            for line in cell.source.splitlines() if _OWN_PATTERN.search(line)]
     assert not own, "recognise a stub with dpcourse.launch.run_ok or not_done, not by its text:\n" + "\n".join(own)
+
+
+def test_a_checks_own_assertion_is_its_verdict_even_after_another_exercises_stub():
+    """Notebook 05, exercises 1 and 2 left undone, exercise 3 answered wrongly: the timing run between
+    exercise 2's check and exercise 3's raises exercise 1's stub, and `make check` said exercise 3 was
+    "not done yet", hiding its check's message (a learner's walkthrough). A check that judged the answer
+    reports what it found; an error that is only a consequence of the stub above still reads "not done yet"."""
+    stub = ("NotImplementedError", "Exercise: ../labs/ddp_by_hand.py still has an exercise to do (line 74). "
+                                   "Complete it, save the file and run this cell again.")
+    judged = ("AssertionError", "the evaluation counted 5000 test images, not 10,000: sum the totals over all ranks")
+    nb = executed(("# CHECK: exercise 2 — by hand", ["check"], stub),
+                  ("run(lab('ddp_by_hand'), '--steps', 30)", [], stub),
+                  ("# CHECK: exercise 3 — the DDP lines", ["check"], judged))
+    assert check_results(nb) == [("✗", "exercise 2 — by hand — not done yet"),
+                                 ("✗", f"exercise 3 — the DDP lines — fails: AssertionError: {judged[1]}")]
+    consequence = executed(("x = run(lab('ddp_by_hand'))", [], stub),
+                           ("# CHECK: exercise 3 — the DDP lines", ["check"], ("NameError", "name 'x' is not defined")))
+    assert check_results(consequence) == [("✗", "exercise 3 — the DDP lines — not done yet")]
+    untouched = executed(('# YOUR CODE HERE\nraise NotImplementedError("Exercise: write it")', [], stub),
+                         ("# CHECK: exercise 1 — yours", ["check"], ("AssertionError", "answer is None")))
+    assert check_results(untouched) == [("✗", "exercise 1 — yours — not done yet")]

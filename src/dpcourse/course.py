@@ -305,17 +305,21 @@ def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
     for each ``check`` cell ("○" for an optional exercise not done yet), and ("!", "cell N raised ...")
     for another cell's error.
 
-    A failing check is "not done yet" when it met a stub: the stub's NotImplementedError, or an exercise
-    cell above it (since the previous check) that raised it or still holds it untouched. Once an exercise
-    is unfinished or failing, later cells' errors are not reported: they may well come from it.
+    A failing check is "not done yet" when it met a stub: the stub's NotImplementedError, an exercise cell
+    above it (since the previous check) that still holds its stub untouched, or a cell above it that raised
+    a stub's error, unless the check's own error is its assertion: a check that got as far as judging the
+    answer says what is wrong with it, even where a cell between raised another exercise's stub (notebook
+    05's timing run of exercise 1's lab, before exercise 3's check). Once an exercise is unfinished or
+    failing, later cells' errors are not reported: they may well come from it.
     """
-    results, stub_above, failing = [], False, False
+    results, untouched, stub_above, failing = [], False, False, False
     for number, cell in enumerate(nb.cells, 1):
         if cell.cell_type != "code":
             continue
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if not _is_check(cell):
-            stub_above |= bool(UNTOUCHED.search(cell.source)) or any(map(_is_stub, errors))
+            untouched |= bool(UNTOUCHED.search(cell.source))
+            stub_above |= untouched or any(map(_is_stub, errors))
             failing |= stub_above
             if errors and not failing:
                 results.append(("!", f"cell {number} raised {_error_line(errors[0])}; "
@@ -329,17 +333,18 @@ def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
             verdict = f"not run: the notebook stopped before it ({stopped or 'it did not finish'})"
         elif unchecked and not errors:  # the check could not run here (e.g. no Horovod): not a pass
             results.append(("○", f"{name} — not checked:{unchecked.group(1)}"))
-            stub_above = False
+            untouched = stub_above = False
             continue
         elif not errors:
             verdict = "pass"
-        elif stub_above or _is_stub(errors[0]):
+        elif untouched or _is_stub(errors[0]) or (stub_above and errors[0].get("ename") != "AssertionError"):
             verdict = "not done yet"
         else:
             verdict = f"fails: {_error_line(errors[0])}"
         optional = verdict == "not done yet" and "(optional)" in name
         results.append(("✓" if verdict == "pass" else "○" if optional else "✗", f"{name} — {verdict}"))
-        stub_above, failing = False, failing or verdict != "pass"
+        untouched = stub_above = False
+        failing = failing or verdict != "pass"
     return results
 
 
