@@ -4,6 +4,7 @@
 #   make lab       JupyterLab on your notebooks (notebooks/00_setup.ipynb first)
 #   make student   regenerate notebooks/ and labs/ from solutions/ (instructors)
 #   make check     run your notebooks and report which exercises pass; make check NB=01: notebook 01 only
+#                  make check ROOM=DIR: also leave your verdicts in DIR for the instructor's view of the room
 #   make slurm-demo  a two-node Slurm on this machine (as root), one multi-node job, then a clean stop;
 #                  make slurm-demo KEEP=1: no job, the cluster stays up for your own sbatch until Ctrl-C
 #   make horovod   build Horovod into .venv (notebook 11; a few minutes; not part of make course)
@@ -71,7 +72,7 @@ student: setup
 # make nor the shell reports (status 141), instead of make's "*** [Makefile:NN: check] Error 1".
 # Where SIGPIPE is ignored, `exit 1` still fails the usual way.
 check: setup
-	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') || { kill -PIPE $$PPID; exit 1; }
+	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') $(if $(ROOM),--room '$(ROOM)') || { kill -PIPE $$PPID; exit 1; }
 
 # A real two-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), one job of
 # slurm/multi_node.sbatch across both nodes, then a clean stop: how to try the templates on a laptop.

@@ -3,6 +3,7 @@
     .venv/bin/python -m dpcourse.course run       # `make course`: execute solutions/*.ipynb into build/
     .venv/bin/python -m dpcourse.course student   # `make student`: solutions/ → notebooks/ + labs/
     .venv/bin/python -m dpcourse.course check     # `make check`: run the learner's notebooks, report each exercise
+    .venv/bin/python -m dpcourse.course room DIR  # the instructor's view of the records make check ROOM=DIR left
 
 Exercise regions use nbgrader's markers: ``### BEGIN SOLUTION`` / ``### END SOLUTION`` in code
 (``.ipynb`` cells and ``.py`` labs alike), ``<!-- BEGIN SOLUTION -->`` / ``<!-- END SOLUTION -->``
@@ -412,8 +413,13 @@ def _shown(folder: Path) -> str:
         return str(folder)
 
 
-def check_learner(folder: Path, prefix: str = "") -> int:
-    """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's verdict."""
+def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> int:
+    """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's verdict,
+    and, with ``room`` (or $DPCOURSE_ROOM), leave one record of each in that folder (dpcourse.room)."""
+    from . import room as rooms
+
+    room = room or os.environ.get(rooms.ENV) or None
+    warned = False
     everything = _solution_notebooks(folder)
     paths = [p for p in everything if p.name.startswith(prefix)]
     if not paths:
@@ -452,6 +458,11 @@ def check_learner(folder: Path, prefix: str = "") -> int:
         for mark, text in results:
             print(f"{mark} {path.name}: {text}", flush=True)
             passed, failed, skipped = passed + (mark == "✓"), failed + (mark == "✗"), skipped + (mark == "○")
+            if room and not text.startswith("cell ") and not warned:  # "!" lines are not exercises
+                warning = rooms.record(room, path.stem, *rooms.verdict_of(mark, text))
+                if warning:
+                    print(warning, flush=True)
+                    warned = True  # one line, not one per exercise
     if passed + failed:
         print(f"\n{passed} of {passed + failed} exercises pass."
               + (f" ({skipped} optional or not checked: ○ above.)" if skipped else ""))
@@ -469,6 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="run the learner's notebooks and report each exercise")
     p.add_argument("folder", type=Path, nargs="?", default=None)
     p.add_argument("--notebook", default="", metavar="PREFIX", help="only the notebooks whose names start so (01)")
+    p.add_argument("--room", default=None, metavar="DIR",
+                   help="also leave one record per exercise in this folder, for the instructor's view "
+                        "(default: $DPCOURSE_ROOM; see python -m dpcourse.room)")
+    if (argv if argv is not None else sys.argv[1:])[:1] == ["room"]:  # the instructor's view: its own options
+        from . import room as rooms
+
+        return rooms.main((argv if argv is not None else sys.argv[1:])[1:])
+    sub.add_parser("room", help="the instructor's view of a room's records (python -m dpcourse.course room -h)")
     args = parser.parse_args(argv)
     top = _root()
     os.environ.setdefault("DPCOURSE_DATA", str(top / "data"))
@@ -483,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         written = generate_student(top / "solutions", args.out or top)
         print(f"wrote {len(written)} student files")
         return 0
-    return check_learner(args.folder or top / "notebooks", args.notebook)
+    return check_learner(args.folder or top / "notebooks", args.notebook, args.room)
 
 
 if __name__ == "__main__":
