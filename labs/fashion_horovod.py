@@ -295,6 +295,10 @@ def main(args):
                             framework="horovod", horovod=not args.no_hvd, compression=args.compression,
                             op="adasum" if args.adasum else "average", threads=torch.get_num_threads(),
                             controller="mpi" if hvd.mpi_enabled() else "gloo")  # Horovod: its controller
+    if rank == 0:  # Horovod: one rank talks
+        print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} steps per "
+              f"epoch, Horovod ({'MPI' if hvd.mpi_enabled() else 'gloo'}) on {device}"  # Horovod: its controller
+              + (f", resumed at step {progress['step']}" if progress["step"] else ""), flush=True)
     trainer = Trainer(args, model, opt, sched, sampler, train_set, test_set, progress, log, caught)
     trainer.finish(trainer.train())
     hvd.shutdown()  # Horovod: stop the background thread, so that every rank exits cleanly
