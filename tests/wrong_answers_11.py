@@ -15,11 +15,15 @@ WRONG = {
             "sum the totals over all ranks (op=hvd.Sum)"),
         "hvd.allreduce taken for in place (its result dropped)": (Lab(LAB, EVAL, 'hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")'),
             "sum the totals over all ranks (op=hvd.Sum), and keep the tensor hvd.allreduce returns"),
-        "the optimizer never wrapped": (Lab(LAB, WRAP, "pass"), "is the optimizer wrapped in hvd.DistributedOptimizer?"),
+        "the optimizer never wrapped": (Lab(LAB, WRAP, "pass"), "is the optimizer wrapped in hvd.DistributedOptimizer"),
+        # The unassigned wrapper lives on only until Python's cycle collector frees it (its hooks and it refer
+        # to each other): while it lives, Horovod stops the run (more backward passes than backward_passes_per_step);
+        # once freed, the plain optimizer trains each rank alone and the weights drift apart. Both messages
+        # name the fix, and the test asks for it, not for which of the two a collector's timing gave (CI saw both).
         "the wrapper built but not assigned (opt stays the plain optimizer)": (Lab(LAB, WRAP, """
             hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                      backward_passes_per_step=args.accumulate, op=hvd.Average)"""),
-            "Horovod says gradients were computed more than backward_passes_per_step"),
+            "opt = hvd.DistributedOptimizer("),
         "the gradients summed (op=hvd.Sum)": (Lab(LAB, WRAP, """
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                            backward_passes_per_step=args.accumulate, op=hvd.Sum)"""),

@@ -1,9 +1,11 @@
-"""What the training labs share that is plumbing, not a lesson: checkpoint files and the log window.
+"""What the three training labs share that is plumbing, not a lesson.
 
-The lessons stay in the labs: *who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or
-rank 0 and then a broadcast in Horovod's lab), and the all-reduce that averages the logged loss over
-the ranks. This module only writes and reads the files, and keeps the running sums between two log
-records (docs/design.md, "The library").
+Checkpoint files (written whole; a missing, unreadable or mismatched one refused with what to do), the
+resume, the log and its window of running sums, the batch sizes and the options that cannot go together,
+the agreement on when to stop, the replicas' spread, and mixed precision. The lessons stay in the labs:
+*who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or rank 0 and then a broadcast in
+Horovod's lab), the DDP wrap or Horovod's optimizer, and the all-reduce that averages the logged loss
+over the ranks (docs/design.md, "The library").
 """
 from __future__ import annotations
 
