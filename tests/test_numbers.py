@@ -203,7 +203,7 @@ def allow(files: str, texts, why: str, evidence: tuple[str, str] | None = None) 
 TODO = "TODO issue 26: measured, typed by hand"
 SETTING = "a setting of the run, not a measurement"
 STUDY_08 = "results/08_large_batches/study.py"
-LAB = "solutions/labs/fashion_ddp.py"
+OPTIONS = "src/dpcourse/options.py"  # the training labs' shared options and their defaults
 
 ALLOWED = [
     # --- every notebook
@@ -233,9 +233,9 @@ ALLOWED = [
           ("solutions/07_scaling_study.ipynb", "--max-steps 300")),
     allow("solutions/08_*.ipynb", "2 epochs", SETTING + ": the study's --epochs", (STUDY_08, '"--epochs", "2"')),
     allow("solutions/08_*.ipynb", "2 seconds", SETTING + ": BUDGET_S", ("solutions/08_large_batches.ipynb", "BUDGET_S = 2")),
-    allow("solutions/08_*.ipynb", "0.75 epochs", "the lab's default --warmup-epochs", (LAB, "default=0.75")),
+    allow("solutions/08_*.ipynb", "0.75 epochs", "the lab's default --warmup-epochs", (OPTIONS, '"warmup_epochs": 0.75')),
     allow("solutions/08_*.ipynb", "first 10 steps", "the lab's default --powersgd-start",
-          (LAB, '"--powersgd-start", type=int, default=10')),
+          (OPTIONS, '"--powersgd-start", type=int, default=10')),
     allow("solutions/08_*.ipynb", "4× ", "arithmetic: one all-reduce per 4 micro-batches", (STUDY_08, '"--accumulate", "4"')),
     allow("solutions/08_*.ipynb", "grow 8-fold", "arithmetic: the linear rule's factor at a global batch of 1,024 (1,024 / 128)"),
     allow("solutions/11_*.ipynb", "10 steps per epoch", SETTING + ": the check's N, G = 6000, 600 and --epochs 2",
