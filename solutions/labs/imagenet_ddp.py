@@ -156,7 +156,7 @@ class Trainer:
 
     def train(self):
         """Epochs until --epochs, or until a stop (a step limit, a target, a signal); returns why."""
-        stop, self.start = None, time.perf_counter()
+        stop = None
         while self.progress["epoch"] < self.args.epochs and stop is None:
             stop = self.run_epoch(self.progress["epoch"])
         self.bar.close()
@@ -178,6 +178,7 @@ class Trainer:
     def run_epoch(self, epoch):
         """One pass over this rank's shard; why training stops, or None to go on."""
         p, ready = self.progress, time.perf_counter()
+        self.start = ready  # the window's clock: evaluation and checkpoints between epochs do not count
         for i, (x, y) in enumerate(self.batches(epoch), start=p["step_in_epoch"]):
             if self.train_set is None:
                 x = normalize(x).contiguous(memory_format=self.fmt)
