@@ -20,8 +20,8 @@ import argparse
 import math
 import time
 from contextlib import nullcontext
-from functools import partial
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist

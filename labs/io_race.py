@@ -95,7 +95,7 @@ def read_and_verify(dest):
 
 
 def main(args):
-    env = setup(args)
+    setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     source = ensure_fashion_mnist(args.data_root) / NAME  # the "server" (the staged, verified copy)
     dest = Path(args.dest) / NAME  # one folder that every rank sees: shared by the whole job

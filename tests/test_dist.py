@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from conftest import AT_ONCE_S, ROOT, ranks_part, run, torchrun_cmd
-from dpcourse import CourseError
-from dpcourse import dist as dpcourse_dist
+from dpcourse import CourseError, dist as dpcourse_dist
 from dpcourse.dist import (
     DistEnv,
     bound_one_each,

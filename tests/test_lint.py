@@ -42,3 +42,15 @@ def test_the_configuration_in_force_finds_what_it_should():
                           capture_output=True, text=True, timeout=120)
     for rule in ("I001", "F401", "E731", "BLE001", "E402", "F821", "RUF100"):
         assert rule in done.stdout, f"ruff's configuration does not catch {rule}:\n{done.stdout}{done.stderr}"
+
+
+def test_the_solutions_are_linted_and_the_learner_copies_are_not():
+    """`labs` in extend-exclude once matched solutions/labs/ too, so the labs went unlinted: the exclusions
+    are anchored at the root (./labs, ./notebooks), and this names the files ruff actually reads."""
+    done = subprocess.run([ruff(), "check", "--no-cache", "--show-files", "."], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    files = {Path(line).resolve().relative_to(ROOT).as_posix() for line in done.stdout.split()
+             if line.endswith(".py")}
+    for lab in ("solutions/labs/fashion_ddp.py", "solutions/labs/bugs/no_set_epoch.py", "src/dpcourse/dist.py"):
+        assert lab in files, f"ruff does not read {lab}: check [tool.ruff] extend-exclude"
+    assert not any(f.startswith(("labs/", "notebooks/")) for f in files), "ruff lints the learner's copies"

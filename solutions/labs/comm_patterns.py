@@ -72,7 +72,7 @@ def calibrate(x, a, device, tries=5):
 
 def timeline(mode, x, a, repeats, device):
     """One run of ``mode``; this rank's segments (what, start ms, end ms) on the common clock."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
+    rank = dist.get_rank()  # DDP: who am I?
     peer = 1 if rank == 0 else 0  # point to point: rank 0 ↔ rank 1 (others only compute)
     dist.barrier()  # DDP: everyone starts together
     t0 = common_clock(device)

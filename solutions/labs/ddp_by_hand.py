@@ -37,8 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from dpcourse import checks
-from dpcourse import dist as ddp_env
+from dpcourse import checks, dist as ddp_env
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.metrics import JsonLog
 from dpcourse.models import FashionCNN

@@ -24,7 +24,6 @@ from dpcourse import dist as ddp_env
 from dpcourse.metrics import JsonLog
 from dpcourse.rendezvous import free_port
 
-
 # DDP: how long the group's meeting, and each collective, waits for every rank: a rank that cannot
 # reach the others fails within a minute, not after gloo's default 30 minutes
 TIMEOUT = timedelta(seconds=60)

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_ddp.py beside this file
-import fashion_ddp  # noqa: E402
-from dpcourse.rendezvous import free_port  # noqa: E402
+import fashion_ddp
+from dpcourse.rendezvous import free_port
 
 
 def fresh_rendezvous(run, agent):

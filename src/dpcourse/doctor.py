@@ -34,8 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import data, rendezvous
-from . import dist as ddp_env
+from . import data, dist as ddp_env, rendezvous
 from .errors import CourseError
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
