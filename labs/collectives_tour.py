@@ -75,7 +75,8 @@ def all_gather(rank, world_size, device):
 def reduce_scatter(rank, world_size, device):
     x = row(rank, world_size, device)
     out = torch.empty(1, device=device)
-    dist.reduce_scatter(out, list(x.chunk(world_size)), op=dist.ReduceOp.SUM)  # DDP: chunk r summed over ranks → rank r
+    # DDP: chunk r summed over ranks → rank r
+    dist.reduce_scatter(out, list(x.chunk(world_size)), op=dist.ReduceOp.SUM)
     return values(x), values(out)
 
 
@@ -125,15 +126,21 @@ def barrier(rank, world_size, device, late_ms=40):
 
 PRIMITIVES = {  # name: (function, what it does, the call, "move" or "reduce" (values summed))
     "broadcast": (broadcast, "rank 0's row to every rank", "dist.broadcast(x, src=0)", "move"),
-    "scatter": (scatter, "chunk r of rank 0's list to rank r", "dist.scatter(out, chunks, src=0)", "move"),
-    "gather": (gather, "one tensor from each rank, into a list on rank 0", "dist.gather(x, out, dst=0)", "move"),
+    "scatter": (scatter, "chunk r of rank 0's list to rank r",
+                "dist.scatter(out, chunks, src=0)", "move"),
+    "gather": (gather, "one tensor from each rank, into a list on rank 0",
+               "dist.gather(x, out, dst=0)", "move"),
     "reduce": (reduce, "the sum of all rows, on rank 0", "dist.reduce(x, dst=0)", "reduce"),
-    "all_reduce": (all_reduce, "the sum of all rows, on every rank", "dist.all_reduce(x)", "reduce"),
-    "all_gather": (all_gather, "one tensor from each rank, to every rank", "dist.all_gather(out, x)", "move"),
+    "all_reduce": (all_reduce, "the sum of all rows, on every rank",
+                   "dist.all_reduce(x)", "reduce"),
+    "all_gather": (all_gather, "one tensor from each rank, to every rank",
+                   "dist.all_gather(out, x)", "move"),
     "reduce_scatter": (reduce_scatter, "chunk r summed over the ranks, to rank r",
                        "dist.reduce_scatter(out, list(x.chunk(P)))", "reduce"),
-    "all_to_all": (all_to_all, "chunk j of rank r to position r of rank j", "dist.all_to_all_single(out, x)", "move"),
-    "send_recv": (send_recv, "each row to the next rank (a ring shift)", "dist.send(x, dst=r+1); dist.recv(got, src=r-1)", "move"),
+    "all_to_all": (all_to_all, "chunk j of rank r to position r of rank j",
+                   "dist.all_to_all_single(out, x)", "move"),
+    "send_recv": (send_recv, "each row to the next rank (a ring shift)",
+                  "dist.send(x, dst=r+1); dist.recv(got, src=r-1)", "move"),
     "barrier": (barrier, "nobody leaves before everyone has arrived", "dist.barrier()", "time"),
 }
 
@@ -141,10 +148,12 @@ PRIMITIVES = {  # name: (function, what it does, the call, "move" or "reduce" (v
 def table(before, after, labels=("before", "after")):
     """Rank × data, before | after, one line per rank; '—' where a rank has no buffer."""
     def cells(v):
-        return "   —" if v is None else "".join(f"{x:>4g}" if float(x).is_integer() else f"{x:>7.1f}" for x in v)
+        return ("   —" if v is None else
+                "".join(f"{x:>4g}" if float(x).is_integer() else f"{x:>7.1f}" for x in v))
     left = max(len(labels[0]), *(len(cells(v)) for v in before)) + 3
     lines = [f"{'':8}{labels[0]:<{left}}{labels[1]}"]
-    lines += [f"rank {r:<3}{cells(b):<{left}}{cells(a)}" for r, (b, a) in enumerate(zip(before, after))]
+    lines += [f"rank {r:<3}{cells(b):<{left}}{cells(a)}"
+              for r, (b, a) in enumerate(zip(before, after))]
     return "\n".join(lines)
 
 
@@ -174,7 +183,8 @@ def main(args):
         before, after = run(rank, world_size, env.device)
         # DDP: rank 0 collects every rank's view (with gather_object, itself a collective).
         views = [None] * world_size if rank == 0 else None
-        dist.gather_object((before, after), views, dst=0)  # DDP: every rank's view, into rank 0's list
+        # DDP: every rank's view, into rank 0's list
+        dist.gather_object((before, after), views, dst=0)
         if rank == 0:  # DDP: one rank prints and logs
             before_all, after_all = [v[0] for v in views], [v[1] for v in views]
             labels = ("arrived (ms)", "left (ms)") if kind == "time" else ("before", "after")
@@ -186,9 +196,11 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", nargs="+", choices=list(PRIMITIVES), help="run only these primitives")
+    parser.add_argument("--only", nargs="+", choices=list(PRIMITIVES),
+                        help="run only these primitives")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto"],
                         help="gloo on CPU tensors (default); nccl needs one GPU per rank")
     parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
-    parser.add_argument("--log-json", default=None, help="rank 0 writes one JSON line per primitive")
+    parser.add_argument("--log-json", default=None,
+                        help="rank 0 writes one JSON line per primitive")
     main(parser.parse_args())

@@ -1,7 +1,9 @@
 """Waiting for communication, or not; and who carries the traffic: a server, or everyone.
 
-    torchrun --standalone --nproc-per-node 2 labs/comm_patterns.py async   # blocking vs async_op=True, isend/irecv
-    torchrun --standalone --nproc-per-node 4 labs/comm_patterns.py ps      # parameter server vs all_reduce
+    torchrun --standalone --nproc-per-node 2 labs/comm_patterns.py async
+        # blocking vs async_op=True, isend/irecv
+    torchrun --standalone --nproc-per-node 4 labs/comm_patterns.py ps
+        # parameter server vs all_reduce
 
 (Activate the course's environment first: source .venv/bin/activate.) Rank 0 prints a table
 and, with --log-json, writes one JSON record per measurement: every rank's timeline (async)
@@ -25,7 +27,8 @@ def say(*parts):
 
 
 def common_clock(device):
-    """A start time that every rank shares: rank 0's wall clock, broadcast (one machine, one clock)."""
+    """A start time that every rank shares: rank 0's wall clock, broadcast (one machine, one
+    clock)."""
     start = torch.tensor([time.time()], dtype=torch.float64, device=device)
     dist.broadcast(start, src=0)  # DDP: rank 0's clock reading, to every rank
     return start.item()
@@ -33,7 +36,8 @@ def common_clock(device):
 
 def gathered(obj):
     """``obj`` from every rank, as a list on rank 0 (None elsewhere)."""
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None  # DDP: a slot per rank, on rank 0 only
+    # DDP: a slot per rank, on rank 0 only
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(obj, out, dst=0)  # DDP: every rank's obj, into rank 0's list
     return out
 
@@ -55,7 +59,8 @@ def calibrate(x, a, device, tries=5):
         times = []
         for _ in range(tries):
             if together:
-                dist.barrier()  # DDP: else a blocking all_reduce also times the wait for the other rank
+                # DDP: else a blocking all_reduce also times the wait for the other rank
+                dist.barrier()
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
@@ -63,7 +68,8 @@ def calibrate(x, a, device, tries=5):
 
     dist.all_reduce(x)  # DDP: warm up the connections and the allocator
     compute(a, 2)
-    comm = fastest(lambda: dist.all_reduce(x), together=True)  # DDP: how long one blocking all_reduce takes
+    # DDP: how long one blocking all_reduce takes
+    comm = fastest(lambda: dist.all_reduce(x), together=True)
     one = fastest(lambda: compute(a, 4)) / 4
     repeats = torch.tensor([max(1, round(comm / one))], device=device)
     dist.broadcast(repeats, src=0)  # DDP: every rank computes the same amount
@@ -124,8 +130,9 @@ def async_demo(args, env, log):
     x = torch.randn(args.mib * 2**20 // 4, device=env.device)  # float32: 4 bytes per value
     a = torch.randn(args.matrix, args.matrix, device=env.device) / args.matrix ** 0.5
     repeats = calibrate(x, a, env.device)
-    say(f"{args.mib} MiB float32 per message on {world_size} ranks; compute = {repeats} × tanh(A @ A), "
-        f"A {args.matrix}×{args.matrix}, about as long as one all_reduce; median of {args.repeats} runs")
+    say(f"{args.mib} MiB float32 per message on {world_size} ranks; "
+        f"compute = {repeats} × tanh(A @ A), A {args.matrix}×{args.matrix}, "
+        f"about as long as one all_reduce; median of {args.repeats} runs")
     say(f"{'':20} {'total ms':>9}   (total: the slowest rank's; then rank 0's timeline, ms)")
     for mode in ("blocking all_reduce", "async all_reduce", "blocking send/recv", "isend/irecv"):
         runs = []
@@ -140,7 +147,8 @@ def async_demo(args, env, log):
             print(f"{mode:20} {total:9.1f}   {steps}", flush=True)
             log.write("async", mode=mode, total_ms=round(total, 3), mib=args.mib, repeats=repeats,
                       totals_ms=[round(r[0], 3) for r in runs],
-                      segments=[[[w, round(s, 3), round(e, 3)] for w, s, e in segs] for segs in segments])
+                      segments=[[[w, round(s, 3), round(e, 3)] for w, s, e in segs]
+                                for segs in segments])
 
 
 # ---------------------------------------------------------------- parameter server vs all_reduce
@@ -150,7 +158,8 @@ def parameter_server(grad, counter):
     (A real server keeps the weights, applies the update and sends the new weights: the same
     messages.) Everything goes through rank 0: its link carries 2·(P−1) messages per step.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: rank 0 is the server, the others its workers
+    # DDP: rank 0 is the server, the others its workers
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     nbytes = grad.numel() * grad.element_size()
     if rank == 0:
         total, incoming = grad.clone(), torch.empty_like(grad)
@@ -197,13 +206,15 @@ def ps_demo(args, env, log):
         diff = (results["server"] - results["all_reduce"]).abs().max().item()
         # DDP: the slowest rank decides how long a step takes
         slowest = torch.tensor([times["server"], times["all_reduce"]], device=env.device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # DDP: each time, the slowest rank's, on every rank
+        # DDP: each time, the slowest rank's, on every rank
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if rank == 0:
             mib = n * 4 / 2**20
             per_rank = [(t["sent"] + t["received"]) / 2**20 for t in traffic]
             print(f"{n:>10} {mib:8.3f} {slowest[0].item():9.2f} {slowest[1].item():11.2f}   "
                   f"{per_rank[0]:18.2f} {per_rank[1]:9.2f}", flush=True)
-            log.write("ps", values=n, mib=mib, server_ms=slowest[0].item(), all_reduce_ms=slowest[1].item(),
+            log.write("ps", values=n, mib=mib, server_ms=slowest[0].item(),
+                      all_reduce_ms=slowest[1].item(),
                       sent_mib=[t["sent"] / 2**20 for t in traffic],
                       received_mib=[t["received"] / 2**20 for t in traffic], max_abs_diff=diff)
 
@@ -226,8 +237,10 @@ def cleanup():
 def main(args):
     env = setup(args)
     if dist.get_world_size() < 2:  # DDP: send/recv and a server need a second rank
-        ddp_env.stop(env, "this lab needs at least 2 ranks: torchrun --standalone --nproc-per-node 2 ...")
-    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)  # DDP: rank 0 logs
+        ddp_env.stop(env, "this lab needs at least 2 ranks: "
+                     "torchrun --standalone --nproc-per-node 2 ...")
+    # DDP: rank 0 logs
+    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     (async_demo if args.part == "async" else ps_demo)(args, env, log)
     cleanup()
 
@@ -236,10 +249,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("part", choices=["async", "ps"])
     parser.add_argument("--mib", type=int, default=8, help="async: message size in MiB")
-    parser.add_argument("--matrix", type=int, default=256, help="async: compute is tanh(A @ A), A this square")
+    parser.add_argument("--matrix", type=int, default=256,
+                        help="async: compute is tanh(A @ A), A this square")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 16384, 262144, 4194304],
                         help="ps: gradient sizes, in float32 values")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs per measurement (median)")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto"],
                         help="gloo on CPU tensors (default); nccl needs one GPU per rank")
     parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")

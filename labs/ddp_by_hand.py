@@ -116,7 +116,8 @@ class BucketDDP(HandMadeDDP):
         groups, size = [], 0
         for p in reversed(self.params):  # backward makes the last layers' gradients first
             nbytes = p.numel() * p.element_size()
-            if not groups or bucket_cap_mb is not None and size + nbytes > bucket_cap_mb * 2**20:  # full: another
+            # full: another
+            if not groups or bucket_cap_mb is not None and size + nbytes > bucket_cap_mb * 2**20:
                 groups.append([])
                 size = 0
             groups[-1].append(p)
@@ -125,7 +126,8 @@ class BucketDDP(HandMadeDDP):
                         for ps in groups]
         for bucket in self.buckets:
             for p, slot in zip(bucket.params, bucket.slots()):
-                p.register_post_accumulate_grad_hook(partial(self._grad_ready, bucket, slot))  # DDP: runs in backward
+                # DDP: runs in backward
+                p.register_post_accumulate_grad_hook(partial(self._grad_ready, bucket, slot))
 
     def _grad_ready(self, bucket, slot, p):  # autograd calls this once p.grad is complete
         slot.copy_(p.grad.flatten())  # DDP: into this parameter's slot of the bucket
@@ -158,7 +160,8 @@ def train(model, data, args, env, name):
     G = args.global_batch_size
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
     seconds = []
-    for step in tqdm(range(args.steps), desc=name, disable=ddp_env.bar_off(rank)):  # DDP: a bar on rank 0 only
+    # DDP: a bar on rank 0 only
+    for step in tqdm(range(args.steps), desc=name, disable=ddp_env.bar_off(rank)):
         x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
         start = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
@@ -192,7 +195,8 @@ def compare_with_torch_ddp(args, env):
         ms = 1000 * train(model, data, args, env, name)
         if reference is None:  # torch's DDP, trained first
             reference = model.module.state_dict()
-        diff = torch.tensor(checks.max_abs_diff(model.module.state_dict(), reference), device=env.device)
+        diff = torch.tensor(checks.max_abs_diff(model.module.state_dict(), reference),
+                            device=env.device)
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # DDP: the worst rank's difference
         rows.append((name, ms, diff.item()))
         log.write("variant", name=name, ms_per_step=round(ms, 3), max_abs_diff=diff.item(),

@@ -1,7 +1,9 @@
 """The FashionMNIST CNN under DDP and under FSDP (``fully_shard``), and the memory each one holds.
 
-    torchrun --standalone --nproc-per-node 2 labs/fsdp_fashion.py               # same losses?
-    torchrun --standalone --nproc-per-node 2 labs/fsdp_fashion.py --memory fsdp # its memory
+    torchrun --standalone --nproc-per-node 2 labs/fsdp_fashion.py
+        # same losses?
+    torchrun --standalone --nproc-per-node 2 labs/fsdp_fashion.py --memory fsdp
+        # its memory
 
 Compare mode (the default): the course CNN, trained from the same weights on the same
 FashionMNIST batches with AdamW, once wrapped in ``DistributedDataParallel`` and once sharded
@@ -14,9 +16,10 @@ Memory mode (--memory ddp|zero1|fsdp): a wide MLP (--width, --layers) trained a 
 steps under one strategy; every rank measures its peak memory (on a GPU the allocator's peak;
 on the CPU the process's peak resident memory) above what it held before the model was built,
 and counts the bytes of its model states (weights, gradients, optimizer state). zero1 is DDP
-with torch's ZeroRedundancyOptimizer, which shards the optimizer state as labs/sharded_optimizer.py's
-ShardedOptimizer does (this lab does not import that one, so that an unfinished exercise there
-cannot stop this one). One strategy per launch: a process's peak cannot be reset on the CPU.
+with torch's ZeroRedundancyOptimizer, which shards the optimizer state as
+labs/sharded_optimizer.py's ShardedOptimizer does (this lab does not import that one, so that an
+unfinished exercise there cannot stop this one). One strategy per launch: a process's peak cannot be
+reset on the CPU.
 
 (Activate the course's environment first: source .venv/bin/activate.)
 """
@@ -55,7 +58,8 @@ def setup(args):
 
 
 def cleanup():
-    # every rank finishes its collectives, FSDP's background ones included, before any leaves the group
+    # every rank finishes its collectives, FSDP's background ones included, before any leaves the
+    # group
     dist.barrier()  # FSDP: no rank leaves while another's collectives still run
     dist.destroy_process_group()  # DDP: leave the group so every rank exits cleanly
 
@@ -63,7 +67,8 @@ def cleanup():
 def wrap(model, strategy, env):
     """The model as ``strategy`` runs it: DDP replicates it, FSDP shards it layer by layer."""
     if strategy in ("ddp", "zero1"):
-        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)  # DDP: whole replicas
+        # DDP: whole replicas
+        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
     mesh = init_device_mesh(env.device.type, (dist.get_world_size(),))  # FSDP: the ranks that share
     for layer in model.modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
@@ -84,7 +89,8 @@ def compare(args, env):
     data = InMemoryFashionMNIST(args.data_root, train=True, device=env.device)
     G = args.batch_size * world_size
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
-    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size, global_batch=G)  # DDP: rank 0 logs
+    # DDP: rank 0 logs
+    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size, global_batch=G)
     losses, weights = {}, {}
     for strategy in ("ddp", "fsdp"):
         torch.manual_seed(args.seed)  # the same initial weights for both, on every rank
@@ -92,7 +98,8 @@ def compare(args, env):
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         losses[strategy] = []
         start = time.perf_counter()
-        for step in tqdm(range(args.steps), desc=strategy, disable=ddp_env.bar_off(rank)):  # DDP: a bar on rank 0 only
+        # DDP: a bar on rank 0 only
+        for step in tqdm(range(args.steps), desc=strategy, disable=ddp_env.bar_off(rank)):
             x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
             loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()
@@ -108,13 +115,14 @@ def compare(args, env):
     diff = max((weights["ddp"][k] - weights["fsdp"][k]).abs().max().item() for k in weights["ddp"])
     same = sum(a == b for a, b in zip(losses["ddp"], losses["fsdp"]))
     rel = max(abs(a - b) / abs(a) for a, b in zip(losses["ddp"], losses["fsdp"]))
-    log.write("compare", steps=args.steps, equal_losses=same, max_rel_loss_diff=rel, max_abs_diff=diff)
+    log.write("compare", steps=args.steps, equal_losses=same, max_rel_loss_diff=rel,
+              max_abs_diff=diff)
     if rank == 0:  # DDP: one rank prints
         print(f"{'step':>4}  {'DDP loss':>12}  {'FSDP loss':>12}")
         for step in range(0, args.steps, max(1, args.steps // 8)):
             print(f"{step:4d}  {losses['ddp'][step]:12.8f}  {losses['fsdp'][step]:12.8f}")
-        print(f"{same} of {args.steps} losses equal bit for bit (largest relative difference {rel:.1e}); "
-              f"final weights: max |Δ| {diff:.1e}")
+        print(f"{same} of {args.steps} losses equal bit for bit "
+              f"(largest relative difference {rel:.1e}); final weights: max |Δ| {diff:.1e}")
     return True
 
 
@@ -142,12 +150,14 @@ def resident_bytes():
 
 
 def train_steps(args, env, width, steps):
-    """``steps`` AdamW steps of a WideMLP of ``width`` under ``args.memory``; (model, optimizer, s/step)."""
+    """``steps`` AdamW steps of a WideMLP of ``width`` under ``args.memory``; (model, optimizer,
+    s/step)."""
     rank = dist.get_rank()  # DDP: each rank seeds its own images
     model = wrap(WideMLP(width, args.layers).to(env.device), args.memory, env)
     if args.memory == "zero1":
         # DDP: ZeRO-1, torch's own: each rank keeps the AdamW state of its share of the parameters
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=args.lr)
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                            lr=args.lr)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed + rank)  # DDP: each rank its own (random) images
@@ -166,12 +176,15 @@ def train_steps(args, env, width, steps):
 
 
 def memory(args, env):
-    """A few AdamW steps of the wide MLP under one strategy; each rank's peak memory and model states."""
+    """A few AdamW steps of the wide MLP under one strategy; each rank's peak memory and model
+    states."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     cuda = env.device.type == "cuda"
-    if not cuda:  # glibc: big blocks straight from the OS and back, so the resident size follows the tensors
+    # glibc: big blocks straight from the OS and back, so the resident size follows the tensors
+    if not cuda:
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
-    train_steps(args, env, width=8, steps=1)  # a tiny model first: torch's code and buffers are in memory now
+    # a tiny model first: torch's code and buffers are in memory now
+    train_steps(args, env, width=8, steps=1)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -183,26 +196,31 @@ def memory(args, env):
     else:  # ru_maxrss: the peak resident memory of this process so far, in KiB on Linux
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     params = list(model.parameters())
-    local = optimizer.optim if args.memory == "zero1" else optimizer  # ZeRO-1: this rank's own optimizer
+    # ZeRO-1: this rank's own optimizer
+    local = optimizer.optim if args.memory == "zero1" else optimizer
     held = {"weights": local_bytes(params), "grads": local_bytes(p.grad for p in params),
-            "optimizer": local_bytes(t for s in local.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())}
+            "optimizer": local_bytes(t for s in local.state.values() for t in s.values()
+                                     if torch.is_tensor(t) and t.dim())}
     n = sum(p.numel() for p in params)  # an FSDP DTensor counts the whole parameter, not its shard
     per_rank = [None] * world_size
-    dist.all_gather_object(per_rank, {"rank": rank, "peak_bytes": peak, **held})  # DDP: to every rank
+    # DDP: to every rank
+    dist.all_gather_object(per_rank, {"rank": rank, "peak_bytes": peak, **held})
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
     log.write("memory", strategy=args.memory, params=n, s_per_step=round(seconds, 5),
               device=env.device.type, ranks=per_rank)
     if rank == 0:  # DDP: one rank prints
         print(f"{args.memory}: {n:,} parameters, {world_size} ranks, {seconds * 1000:.0f} ms/step")
         for r in per_rank:
-            print(f"  rank {r['rank']}: peak {r['peak_bytes'] / 1e6:6.1f} MB above the start; model states "
-                  f"{(r['weights'] + r['grads'] + r['optimizer']) / 1e6:6.1f} MB (weights {r['weights'] / 1e6:.1f}, "
-                  f"grads {r['grads'] / 1e6:.1f}, optimizer {r['optimizer'] / 1e6:.1f})")
+            print(f"  rank {r['rank']}: peak {r['peak_bytes'] / 1e6:6.1f} MB above the start; "
+                  f"model states {(r['weights'] + r['grads'] + r['optimizer']) / 1e6:6.1f} MB "
+                  f"(weights {r['weights'] / 1e6:.1f}, grads {r['grads'] / 1e6:.1f}, "
+                  f"optimizer {r['optimizer'] / 1e6:.1f})")
     return True
 
 
 def main(args):
-    if args.deterministic:  # the same kernels every run, on the CPU and on GPUs: equal, not only close
+    # the same kernels every run, on the CPU and on GPUs: equal, not only close
+    if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
@@ -214,10 +232,12 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--memory", choices=["ddp", "zero1", "fsdp"], default=None,
                         help="measure one strategy's memory on the wide MLP instead of comparing")
-    parser.add_argument("--steps", type=int, default=20, help="training steps (memory mode: 3 is plenty)")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="training steps (memory mode: 3 is plenty)")
     parser.add_argument("--batch-size", type=int, default=64, help="per worker")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate")
     parser.add_argument("--width", type=int, default=1536, help="memory mode: the MLP's width")

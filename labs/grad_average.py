@@ -1,8 +1,11 @@
 """Gradient averaging in real processes: K shard gradients, averaged, against one whole batch.
 
-    torchrun --standalone --nproc-per-node 2 labs/grad_average.py            # the identity
-    torchrun --standalone --nproc-per-node 3 labs/grad_average.py --case all # where it breaks
-    python labs/grad_average.py                                              # one process
+    torchrun --standalone --nproc-per-node 2 labs/grad_average.py
+        # the identity
+    torchrun --standalone --nproc-per-node 3 labs/grad_average.py --case all
+        # where it breaks
+    python labs/grad_average.py
+        # one process
 
 Every rank builds the same course CNN (same seed) and draws the same global batch of --batch
 FashionMNIST training images; rank k keeps its shard of m_k images, computes the gradient of
@@ -180,7 +183,8 @@ class Bench:
             return self.cache[key]
         model.zero_grad()
         if self.rank == 0:  # DDP: the one-process gradient, on rank 0 only
-            F.cross_entropy((forward or model)(self.x.to(dtype)), self.y, reduction=reduction).backward()
+            F.cross_entropy((forward or model)(self.x.to(dtype)), self.y,
+                            reduction=reduction).backward()
             ref = flat_grad(model)
         else:
             ref = torch.empty(sum(p.numel() for p in model.parameters()), dtype=dtype,
@@ -197,9 +201,10 @@ class Bench:
         if self.rank == 0:  # DDP: one rank prints and logs
             words = "holds" if holds else "broken" if spread == 0.0 else "ranks disagree"
             more = "".join(f", {k} {v:.3g}" for k, v in extra.items() if isinstance(v, float))
-            print(f"{case:9}  {variant:45} max relative error {err:7.1e}{more}  → {words}", flush=True)
-        self.log.write("grad", case=case, variant=variant, shards=sizes, max_rel_error=err, tolerance=tolerance,
-                       ranks_max_diff=spread, holds=holds, **extra)
+            print(f"{case:9}  {variant:45} max relative error {err:7.1e}{more}  → {words}",
+                  flush=True)
+        self.log.write("grad", case=case, variant=variant, shards=sizes, max_rel_error=err,
+                       tolerance=tolerance, ranks_max_diff=spread, holds=holds, **extra)
 
 
 # ---------------------------------------------------------------- the cases
@@ -220,7 +225,8 @@ def case_unequal(b):
     n = b.args.batch
     sizes = shard_sizes(n, b.world, b.args.shards)
     if len(sizes) != b.world or sum(sizes) != n or min(sizes) < 1:
-        ddp_env.stop(b.env, f"--shards {b.args.shards}: give {b.world} positive sizes adding up to --batch {n}.")
+        ddp_env.stop(b.env, f"--shards {b.args.shards}: give {b.world} positive sizes "
+                     f"adding up to --batch {n}.")
     mine = b.rows(sizes)
     for weighted in (False, True):
         model = b.model()
@@ -289,7 +295,8 @@ def case_dropout(b, p=0.5):
     def draw(rows, seed):
         """A dropout mask, scaled by 1/(1-p), as nn.Dropout draws it: from a seeded generator."""
         g = torch.Generator().manual_seed(seed)
-        return torch.bernoulli(torch.full((rows, width), 1 - p, dtype=torch.float64), generator=g) / (1 - p)
+        return torch.bernoulli(torch.full((rows, width), 1 - p, dtype=torch.float64),
+                               generator=g) / (1 - p)
 
     global_mask = draw(b.args.batch, b.args.seed)  # the mask one process draws for the whole batch
     ref = b.reference(model, forward=lambda x: head(body(x) * global_mask.to(x.device)))
@@ -336,7 +343,8 @@ def main(args):
               f"{env.backend} on {env.device}", flush=True)
     cases = CASES if "all" in args.case else args.case
     run = {"average": case_average, "float32": lambda b: case_average(b, torch.float32, "float32"),
-           "unequal": case_unequal, "sum": case_sum, "batchnorm": case_batchnorm, "dropout": case_dropout}
+           "unequal": case_unequal, "sum": case_sum, "batchnorm": case_batchnorm,
+           "dropout": case_dropout}
     try:
         for case in cases:
             run[case](bench)
@@ -349,11 +357,15 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", nargs="+", default=["average"], choices=[*CASES, "all"], metavar="CASE",
-                        help=f"what to compare, one or more of {', '.join(CASES)}, or all (default: average)")
-    parser.add_argument("--batch", type=int, default=240, help="global batch, split over the ranks (default 240)")
+    parser.add_argument("--case", nargs="+", default=["average"], choices=[*CASES, "all"],
+                        metavar="CASE",
+                        help=f"what to compare, one or more of {', '.join(CASES)}, "
+                             "or all (default: average)")
+    parser.add_argument("--batch", type=int, default=240,
+                        help="global batch, split over the ranks (default 240)")
     parser.add_argument("--shards", default=None,
-                        help="--case unequal: comma-separated shard sizes, one per rank (default ∝ rank + 1)")
+                        help="--case unequal: comma-separated shard sizes, one per rank "
+                             "(default ∝ rank + 1)")
     parser.add_argument("--width", type=int, default=16, help="channels of the CNN's first layer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-root", default=None, help="where FashionMNIST is (default: data/)")

@@ -14,11 +14,11 @@ owner, so that every rank goes on with the whole, updated model. This is ZeRO st
 The check: a model with parameters of very different sizes, the same initial weights on every
 rank, trained for --steps steps of AdamW on each rank's share of a global batch, with the
 gradients averaged as DDP does; once with AdamW, once with SGD with momentum, each with two
-parameter groups (the weight matrices; the biases at half the rate, without weight decay). After every step,
-every rank's parameters must equal those of the unsharded optimizer given the same gradients
-(torch.allclose), and at the end each rank's AdamW state must be within 10 % of the unsharded
-AdamW's divided by the number of ranks, and each rank's optimizer must keep the two groups.
-Rank 0 prints one line for each, and logs them with --log-json.
+parameter groups (the weight matrices; the biases at half the rate, without weight decay). After
+every step, every rank's parameters must equal those of the unsharded optimizer given the same
+gradients (torch.allclose), and at the end each rank's AdamW state must be within 10 % of the
+unsharded AdamW's divided by the number of ranks, and each rank's optimizer must keep the two
+groups. Rank 0 prints one line for each, and logs them with --log-json.
 
 (Activate the course's environment first: source .venv/bin/activate.)
 """
@@ -47,7 +47,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
         if len(self.params) < world_size:  # a rank without a share would build an empty optimizer
-            raise ValueError(f"{len(self.params)} parameter tensors cannot be shared by {world_size} ranks")
+            raise ValueError(f"{len(self.params)} parameter tensors cannot be shared by "
+                             f"{world_size} ranks")
         # DDP: an owner for each parameter, the same on every rank: the largest parameter first,
         # each to the rank that owns the fewest numbers so far (shares of nearly equal size).
         self.owner, load = {}, [0] * world_size
@@ -61,7 +62,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Hint: build optimizer_cls with **kwargs over this rank's own parameters only,
         #       as self.local
         raise NotImplementedError("Exercise: see the hint above")
-        self._options_to(self.param_groups, self.local.param_groups)  # its defaults (betas, ...) shown too
+        # its defaults (betas, ...) shown too
+        self._options_to(self.param_groups, self.local.param_groups)
         self.state = self.local.state  # what this rank holds: its share's state
 
     @staticmethod
@@ -86,27 +88,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         if hasattr(self, "local"):  # after __init__: the owners are shared out already
-            raise NotImplementedError("ShardedOptimizer shares out its parameters when it is built: "
-                                      "give it every parameter group then")
+            raise NotImplementedError("ShardedOptimizer shares out its parameters "
+                                      "when it is built: give it every parameter group then")
         super().add_param_group(param_group)  # torch.optim.Optimizer.__init__ adds the groups so
 
     def state_dict(self):
         """This rank's shard of the state: each rank saves its own (e.g. to last-rank{rank}.pt)."""
-        self._options_to(self.local.param_groups, self.param_groups)  # a scheduler's lr since the last step
+        # a scheduler's lr since the last step
+        self._options_to(self.local.param_groups, self.param_groups)
         return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),  # DDP: whose shard
                 "local": self.local.state_dict()}
 
     def load_state_dict(self, state_dict):
-        here = (dist.get_rank(), dist.get_world_size())  # DDP: a shard belongs to one rank of one layout
+        # DDP: a shard belongs to one rank of one layout
+        here = (dist.get_rank(), dist.get_world_size())
         if (state_dict["rank"], state_dict["world_size"]) != here:
-            raise ValueError(f"this shard was saved by rank {state_dict['rank']} of {state_dict['world_size']}, "
-                             f"not rank {here[0]} of {here[1]}: load each rank's own file, with as many ranks")
+            raise ValueError(f"this shard was saved by rank {state_dict['rank']} of "
+                             f"{state_dict['world_size']}, not rank {here[0]} of {here[1]}: "
+                             "load each rank's own file, with as many ranks")
         self.local.load_state_dict(state_dict["local"])
         self._options_to(self.param_groups, self.local.param_groups)
         self.state = self.local.state
 
     def state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds (Adam: its two moments and a step count per parameter)."""
+        """Bytes of optimizer state this rank holds (Adam: its two moments and a step count per
+        parameter)."""
         return state_bytes(self.local)
 
 
@@ -117,7 +123,8 @@ def state_bytes(optimizer) -> int:
 
 
 class UnevenNet(nn.Sequential):
-    """An MLP whose parameters range from 8 numbers to 2,560: no two shares come out equal by luck."""
+    """An MLP whose parameters range from 8 numbers to 2,560: no two shares come out equal by
+    luck."""
 
     def __init__(self, sizes=(20, 64, 40, 48, 36, 56, 8)):
         layers = []
@@ -127,10 +134,11 @@ class UnevenNet(nn.Sequential):
 
 
 def groups(model, lr):
-    """Two parameter groups, as a project often has: the weight matrices; the biases at half the rate,
-    without weight decay."""
+    """Two parameter groups, as a project often has: the weight matrices; the biases at half the
+    rate, without weight decay."""
     return [{"params": [p for p in model.parameters() if p.dim() > 1]},
-            {"params": [p for p in model.parameters() if p.dim() == 1], "lr": lr / 2, "weight_decay": 0.0}]
+            {"params": [p for p in model.parameters() if p.dim() == 1], "lr": lr / 2,
+             "weight_decay": 0.0}]
 
 
 def compare(args, env, optimizer_cls, **hyper):
@@ -161,13 +169,16 @@ def compare(args, env, optimizer_cls, **hyper):
         for p, q in zip(model.parameters(), reference.parameters()):
             if not torch.allclose(p, q):
                 worst = max(worst, (p - q).abs().max().item())
-    return worst, sharded.state_bytes(), state_bytes(full), len(sharded.local.param_groups) == len(full.param_groups)
+    return (worst, sharded.state_bytes(), state_bytes(full),
+            len(sharded.local.param_groups) == len(full.param_groups))
 
 
 def check(args, env):
-    """ShardedOptimizer against AdamW and SGD with momentum, unsharded; True if it matches and shards."""
+    """ShardedOptimizer against AdamW and SGD with momentum, unsharded; True if it matches and
+    shards."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    if world_size < 2:  # with one rank there is nothing to shard, and a missing broadcast goes unseen
+    # with one rank there is nothing to shard, and a missing broadcast goes unseen
+    if world_size < 2:
         ddp_env.stop(env, "the check needs at least 2 ranks: "
                      "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
     optimizers = {"AdamW": (torch.optim.AdamW, {"lr": args.lr, "weight_decay": 0.01}),
@@ -184,22 +195,25 @@ def check(args, env):
     ratios = [b / (full / world_size) for b in shares]
     sharded_ok = all(0.9 <= r <= 1.1 for r in ratios)
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs
-    log.write("check", steps=args.steps, max_abs_diff=worst.max().item(), equal=not differs, differs=differs,
-              state_bytes=shares, full_state_bytes=full, ratios=[round(r, 4) for r in ratios],
-              groups_kept=bool(kept.item()))
+    log.write("check", steps=args.steps, max_abs_diff=worst.max().item(), equal=not differs,
+              differs=differs, state_bytes=shares, full_state_bytes=full,
+              ratios=[round(r, 4) for r in ratios], groups_kept=bool(kept.item()))
     if rank == 0:  # DDP: one rank prints
         n = sum(p.numel() for p in UnevenNet().parameters())
-        print(f"{n:,} parameters in {len(list(UnevenNet().parameters()))} tensors, {world_size} ranks, "
-              f"{args.steps} steps each of AdamW and of SGD with momentum")
+        print(f"{n:,} parameters in {len(list(UnevenNet().parameters()))} tensors, "
+              f"{world_size} ranks, {args.steps} steps each of AdamW and of SGD with momentum")
         for name, diff in zip(results, worst.tolist()):
-            print(f"parameters, {name}: " + (f"ok, equal to the unsharded optimizer after every step on every rank "
-                                             f"(max |Δ| {diff:.1e})" if diff == 0 else
-                                             f"WRONG, they differ from the unsharded optimizer's (max |Δ| {diff:.1e})"))
-        print(f"AdamW's state per rank: {', '.join(f'{b:,} B' for b in shares)}; unsharded {full:,} B / "
-              f"{world_size} = {full / world_size:,.0f} B: {', '.join(f'{r:.2f}' for r in ratios)} of it: "
+            print(f"parameters, {name}: "
+                  + (f"ok, equal to the unsharded optimizer after every step on every rank "
+                     f"(max |Δ| {diff:.1e})" if diff == 0 else
+                     f"WRONG, they differ from the unsharded optimizer's (max |Δ| {diff:.1e})"))
+        print(f"AdamW's state per rank: {', '.join(f'{b:,} B' for b in shares)}; "
+              f"unsharded {full:,} B / {world_size} = {full / world_size:,.0f} B: "
+              f"{', '.join(f'{r:.2f}' for r in ratios)} of it: "
               f"{'ok' if sharded_ok else 'WRONG, not 1/P'}")
-        print("parameter groups: " + ("ok, each rank's optimizer keeps both" if kept.item() else
-                                       "WRONG, a rank's optimizer lost them: build it over self.mine"))
+        print("parameter groups: "
+              + ("ok, each rank's optimizer keeps both" if kept.item() else
+                 "WRONG, a rank's optimizer lost them: build it over self.mine"))
     return not differs and sharded_ok and bool(kept.item())
 
 
@@ -226,9 +240,11 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5, help="steps to compare, per optimizer")
-    parser.add_argument("--lr", type=float, default=0.01, help="AdamW's learning rate (SGD's: 10 times it)")
+    parser.add_argument("--lr", type=float, default=0.01,
+                        help="AdamW's learning rate (SGD's: 10 times it)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the batches")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

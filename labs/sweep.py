@@ -25,13 +25,15 @@ from dpcourse.rendezvous import free_port
 
 
 def fresh_rendezvous(run, agent):
-    """Run ``run`` (from 1 on) meets on a new port that rank 0 picks and announces in torchrun's store.
+    """Run ``run`` (from 1 on) meets on a new port that rank 0 picks and announces in torchrun's
+    store.
 
     A new process group with the same name as the last one would read that group's addresses,
     still in torchrun's store, and dial its closed sockets ("Connection reset by peer").
     """
     # DDP: a client of torchrun's own store, where rank 0 posts this run's port
-    store = dist.TCPStore(*agent, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
+    store = dist.TCPStore(*agent, is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
     key = f"sweep/run{run}/port"
     if os.environ["RANK"] == "0":
         store.set(key, str(free_port("0.0.0.0")))
@@ -45,12 +47,15 @@ def main(runs):
     for run, options in enumerate(runs):
         if run and "TORCHELASTIC_RUN_ID" in os.environ:
             fresh_rendezvous(run, agent)
-        fashion_ddp.main(fashion_ddp.parse_args(shlex.split(options)))  # DDP: joins, trains, leaves the group
+        # DDP: joins, trains, leaves the group
+        fashion_ddp.main(fashion_ddp.parse_args(shlex.split(options)))
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         sys.exit(__doc__)
-    if ("SLURM_STEP_ID" in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ) and "TORCHELASTIC_RUN_ID" not in os.environ:
-        sys.exit("sweep.py runs under torchrun (or as one process); under srun or mpirun, launch fashion_ddp.py once per run.")
+    if (("SLURM_STEP_ID" in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ)
+            and "TORCHELASTIC_RUN_ID" not in os.environ):
+        sys.exit("sweep.py runs under torchrun (or as one process); "
+                 "under srun or mpirun, launch fashion_ddp.py once per run.")
     main(sys.argv[1:])

@@ -4,7 +4,8 @@ from typing import NamedTuple
 
 
 class Lab(NamedTuple):
-    """A wrong answer to an exercise region of a lab: the region of ``file`` whose hint holds ``hint``."""
+    """A wrong answer to an exercise region of a lab: the region of ``file`` whose hint holds
+    ``hint``."""
     file: str
     hint: str
     code: str

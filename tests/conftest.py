@@ -13,16 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("DPCOURSE_DATA", str(ROOT / "data"))
-# The processes the tests start (plain ones, srun's, mpirun's, notebook kernels) keep freed memory for the
-# next step, as the course's own launches do (dpcourse.launch.CPU_MALLOC says why).
+# The processes the tests start (plain ones, srun's, mpirun's, notebook kernels) keep freed memory
+# for the next step, as the course's own launches do (dpcourse.launch.CPU_MALLOC says why).
 from dpcourse.launch import CPU_MALLOC  # noqa: E402 - it imports torch: after OMP_NUM_THREADS is set
 
 os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
 
-# "Within seconds": how long a test lets an error that must come at once take, from the launch to the
-# message. Alone, these runs take 2-8 s (Python, torch's import, a launcher); `make test`'s other worker
-# can make that 3-5 times as long. The bound catches a hang (c10d's 80-139 s of retries for an unknown
-# host, say); each test's message, not the clock, shows which path ended the run.
+# "Within seconds": how long a test lets an error that must come at once take, from the launch to
+# the message. Alone, these runs take 2-8 s (Python, torch's import, a launcher); `make test`'s
+# other worker can make that 3-5 times as long. The bound catches a hang (c10d's 80-139 s of retries
+# for an unknown host, say); each test's message, not the clock, shows which path ended the run.
 AT_ONCE_S = 60
 
 # Simulates a machine with no network: every download goes to a closed local port.
@@ -45,12 +45,12 @@ def fashion_root() -> Path:
 
 
 def run(cmd, timeout=120, env=None, cwd=ROOT):
-    """Run a command, return CompletedProcess with text output (stdout+stderr merged). Past ``timeout``,
-    the command and every process it started in its session (a launcher's workers) are killed, so that
-    a failed test leaves nothing running beside the next ones."""
+    """Run a command, return CompletedProcess with text output (stdout+stderr merged). Past
+    ``timeout``, the command and every process it started in its session (a launcher's workers) are
+    killed, so that a failed test leaves nothing running beside the next ones."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -63,7 +63,8 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
 
 def end_session(proc: subprocess.Popen) -> None:
     """End a process started with start_new_session=True and what it started: SIGTERM to its session
-    first (torchrun's agent then ends its workers, each in a session of its own), SIGKILL after 15 s."""
+    first (torchrun's agent then ends its workers, each in a session of its own), SIGKILL after
+    15 s."""
     for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
@@ -77,31 +78,37 @@ def end_session(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-# The launchers' own log lines (torchrun's agent, c10d): "W1126 07:12:03.527000 ..." (level, month, day, time).
+# The launchers' own log lines (torchrun's agent, c10d): "W1126 07:12:03.527000 ..." (level, month,
+# day, time).
 LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d", re.M)
 
 
-# torchrun across nodes, at the very end: after their exit barrier, the agents each mark the c10d rendezvous
-# closed in the store that the endpoint node's agent keeps; when that agent has exited first, the others warn
-# that they "failed to shutdown the rendezvous", under a C++ warning with its stack (torch's
-# dynamic_rendezvous.py, DynamicRendezvousHandler.shutdown, called by launcher/api.py). Training and the job have
-# finished by then: these lines, and only these, are taken out of a log that must otherwise hold no error.
-_SHUTDOWN_RACE = re.compile(r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] .*recvVector failed.*|Exception raised from recvBytes .*"
-                            r"|frame #\d+: .*|<omitting python frames>|W\d{4} [\d:.]+ \d+ .*dynamic_rendezvous\.py:\d+\] The node "
-                            r"'[^']+' has failed to shutdown the rendezvous '[^']+' due to an error of type RendezvousConnectionError\.)\n",
+# torchrun across nodes, at the very end: after their exit barrier, the agents each mark the c10d
+# rendezvous closed in the store that the endpoint node's agent keeps; when that agent has exited
+# first, the others warn that they "failed to shutdown the rendezvous", under a C++ warning with its
+# stack (torch's dynamic_rendezvous.py, DynamicRendezvousHandler.shutdown, called by
+# launcher/api.py). Training and the job have finished by then: these lines, and only these, are
+# taken out of a log that must otherwise hold no error.
+_SHUTDOWN_RACE = re.compile(r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] .*recvVector failed.*"
+                            r"|Exception raised from recvBytes .*"
+                            r"|frame #\d+: .*|<omitting python frames>"
+                            r"|W\d{4} [\d:.]+ \d+ .*dynamic_rendezvous\.py:\d+\] The node "
+                            r"'[^']+' has failed to shutdown the rendezvous '[^']+' "
+                            r"due to an error of type RendezvousConnectionError\.)\n",
                             re.M)
 
 
 def without_torchrun_shutdown_race(log: str) -> str:
-    """``log`` without torchrun's end-of-run rendezvous shutdown warning (above), if it holds one."""
+    """``log`` without torchrun's end-of-run rendezvous shutdown warning (above),
+    if it holds one."""
     if "has failed to shutdown the rendezvous" not in log:
         return log
     return _SHUTDOWN_RACE.sub("", log)
 
 
 def ranks_part(output: str) -> str:
-    """What the ranks printed: the lines after the launcher's opening log lines (a banner) and before its
-    next one (its report of a failure)."""
+    """What the ranks printed: the lines after the launcher's opening log lines (a banner) and
+    before its next one (its report of a failure)."""
     lines = output.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if not LAUNCHER_LOG.match(line)), len(lines))
     end = next((i for i in range(start, len(lines)) if LAUNCHER_LOG.match(lines[i])), len(lines))
@@ -109,8 +116,9 @@ def ranks_part(output: str) -> str:
 
 
 def torchrun_cmd(nproc, script, *args):
-    """torchrun as dpcourse.launch starts it (dpcourse/torchrun.py: torch's torchrun, without the agent's
-    teardown); test_fashion_ddp's restart test runs `python -m torch.distributed.run` itself."""
+    """torchrun as dpcourse.launch starts it (dpcourse/torchrun.py: torch's torchrun, without the
+    agent's teardown); test_fashion_ddp's restart test runs `python -m torch.distributed.run`
+    itself."""
     return [sys.executable, "-m", "dpcourse.torchrun", "--standalone", f"--nproc-per-node={nproc}",
             str(script), *map(str, args)]
 

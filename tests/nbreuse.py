@@ -5,9 +5,9 @@ it ran: a digest of each notebook's cells, of every other source file, and of th
 (Python, the installed packages, the CPU). When those still match here, nbval's items for that
 notebook compare build/'s outputs with the committed ones instead of executing it again: the same
 items (``solutions/NN_x.ipynb::Cell N``), the same sanitizers (tests/sanitize.cfg), the same tags
-(``nbval-ignore-output``, ``nbval-skip``, ``raises-exception``), and a cell that raised fails the same
-way. Anything else (no build/, a changed file, another package, a notebook that failed there) is
-executed by nbval as before, so `make test` run alone stays complete.
+(``nbval-ignore-output``, ``nbval-skip``, ``raises-exception``), and a cell that raised fails the
+same way. Anything else (no build/, a changed file, another package, a notebook that failed there)
+is executed by nbval as before, so `make test` run alone stays complete.
 
 ``DPCOURSE_NBVAL_REUSE=require`` (CI, right after `make course`) turns a notebook that cannot be
 reused into a failure that says why, so that the suite cannot silently get slower;
@@ -101,18 +101,22 @@ def pytest_configure(config):
 
         def collect(self):
             mode = os.environ.get("DPCOURSE_NBVAL_REUSE", "")
-            self.reason = "DPCOURSE_NBVAL_REUSE=never" if mode == "never" else why_not_reused(Path(self.fspath))
+            self.reason = ("DPCOURSE_NBVAL_REUSE=never" if mode == "never"
+                           else why_not_reused(Path(self.fspath)))
             built = Path(self.fspath).resolve().parents[1] / "build" / Path(self.fspath).name
             self.built = None if self.reason else nbformat.read(built, as_version=4)
             config.stash.setdefault(REPORT, []).append((Path(self.fspath).name, self.reason))
-            self.required = self.reason if mode == "require" and self.reason != "not a solution notebook" else None
+            self.required = (self.reason if mode == "require"
+                             and self.reason != "not a solution notebook" else None)
             missing = missing_needs(Path(self.fspath))
             for cell in super().collect():
-                item = ReusingNbCell.from_parent(self, name=cell.name, cell_num=cell.cell_num, cell=cell.cell,
-                                                 options=cell.options)
-                # Without it: skipped, as the Slurm tests are without Slurm; CI insists (its first cell fails).
+                item = ReusingNbCell.from_parent(self, name=cell.name, cell_num=cell.cell_num,
+                                                 cell=cell.cell, options=cell.options)
+                # Without it: skipped, as the Slurm tests are without Slurm; CI insists
+                # (its first cell fails).
                 if missing and (os.environ.get("CI") != "true" or item.cell_num > 0):
-                    item.add_marker(pytest.mark.skip(reason=f"{Path(self.fspath).name} needs {missing}"))
+                    item.add_marker(pytest.mark.skip(
+                        reason=f"{Path(self.fspath).name} needs {missing}"))
                 item.missing = missing
                 yield item
 
@@ -129,31 +133,36 @@ def pytest_configure(config):
     class ReusingNbCell(plugin.IPyNbCell):
         def runtest(self):
             if self.missing:
-                self.raise_cell_error(f"CI needs {self.missing}: this notebook's outputs come from it")
+                self.raise_cell_error(
+                    f"CI needs {self.missing}: this notebook's outputs come from it")
             if self.parent.built is None:
                 super().runtest()  # executed, as plain nbval does
                 if self.parent.required and self.cell_num == 0:
                     self.raise_cell_error(
-                        f"DPCOURSE_NBVAL_REUSE=require, and build/ cannot stand for this notebook: {self.parent.required}. "
-                        "It was executed instead (slower). Run `make course` again after a change, or unset the variable.")
+                        "DPCOURSE_NBVAL_REUSE=require, and build/ cannot stand for this "
+                        f"notebook: {self.parent.required}. It was executed instead (slower). "
+                        "Run `make course` again after a change, or unset the variable.")
                 return
             if self.options["skip"]:
                 pytest.skip()
             built = self.parent.built_cell(self.cell_num)
-            if built.source != self.cell.source:  # the digest says they are the same: never expected
+            # the digest says they are the same: never expected
+            if built.source != self.cell.source:
                 self.raise_cell_error("build/'s copy of this cell differs from the notebook's")
             outs = plugin.coalesce_streams([nbformat.from_dict(o) for o in built.outputs])
             self.test_outputs = outs
             errors = [o for o in outs if o.output_type == "error"]
             if errors and not self.options["check_exception"]:
-                self.raise_cell_error("Cell execution caused an exception (in make course's run, build/)",
-                                      "\n" + "\n".join(errors[0].get("traceback", [])))
+                self.raise_cell_error(
+                    "Cell execution caused an exception (in make course's run, build/)",
+                    "\n" + "\n".join(errors[0].get("traceback", [])))
             if self.cell.execution_count is None and self.cell.outputs:
                 self.raise_cell_error("Unrun reference cell has outputs")
             if self.options["check"] and self.cell.execution_count is not None:
                 if not self.compare_outputs(outs, plugin.coalesce_streams(self.cell.outputs)):
-                    self.raise_cell_error("Cell outputs differ (make course's run in build/ against the committed "
-                                          "output)", "\n".join(self.comparison_traceback))
+                    self.raise_cell_error("Cell outputs differ (make course's run in build/ "
+                                          "against the committed output)",
+                                          "\n".join(self.comparison_traceback))
 
     class Collector:
         @staticmethod
@@ -168,7 +177,8 @@ REPORT = pytest.StashKey[list]()
 
 
 def pytest_sessionfinish(session):
-    """On a pytest-xdist worker: hand what it collected to the controller, which prints the summary."""
+    """On a pytest-xdist worker: hand what it collected to the controller, which prints
+    the summary."""
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["nbreuse"] = session.config.stash.get(REPORT, [])
 
@@ -188,6 +198,7 @@ def pytest_terminal_summary(terminalreporter, config):
     reused = [name for name, reason in seen if reason is None]
     executed = [(name, reason) for name, reason in seen if reason is not None]
     line = terminalreporter.write_line
-    line(f"nbval: {len(reused)} notebook(s) compared from make course's run in build/, {len(executed)} executed here")
+    line(f"nbval: {len(reused)} notebook(s) compared from make course's run in build/, "
+         f"{len(executed)} executed here")
     for name, reason in executed:
         line(f"  executed {name}: {reason}")

@@ -1,4 +1,5 @@
-"""A real browser: JupyterLab in headless Chromium runs notebook 01, and its widget slider redraws the plot.
+"""A real browser: JupyterLab in headless Chromium runs notebook 01, and its widget slider redraws
+the plot.
 
 The other notebook tests run the kernel alone (nbval, nbclient); this one also runs what the
 learner's browser runs: JupyterLab's page, the ipywidgets manager, the sliders. It starts
@@ -43,7 +44,8 @@ LAB_SETTINGS = {
 
 def _missing(why: str):
     if os.environ.get("CI") == "true":
-        pytest.fail(f"CI needs the browser test's tools (.ci/run installs them): {why}", pytrace=False)
+        pytest.fail(f"CI needs the browser test's tools (.ci/run installs them): {why}",
+                    pytrace=False)
     pytest.skip(why)
 
 
@@ -55,21 +57,25 @@ def node() -> str:
     node = shutil.which("node")
     if node is None:
         _missing("no node (apt-get install nodejs npm)")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    version = subprocess.run([node, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
     if int(version.lstrip("v").split(".")[0] or 0) < NODE_MAJOR:
         _missing(f"node {version} is older than playwright-core needs (v{NODE_MAJOR})")
     if not (DRIVER_DIR / "node_modules" / "playwright-core" / "package.json").exists():
         npm = shutil.which("npm")
         if npm is None:
             _missing("no npm to install playwright-core (apt-get install npm)")
-        env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}  # Debian's chromium, not Playwright's
+        # Debian's chromium, not Playwright's
+        env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
         try:
-            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=DRIVER_DIR,
-                                  env=env, capture_output=True, text=True, timeout=300)
+            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                                  cwd=DRIVER_DIR, env=env, capture_output=True, text=True,
+                                  timeout=300)
         except subprocess.TimeoutExpired:
             _missing("npm ci of playwright-core took more than 300 s")
         if done.returncode != 0:
-            _missing(f"npm ci of playwright-core failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            _missing(f"npm ci of playwright-core failed:\n"
+                     f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return node
 
 
@@ -102,7 +108,8 @@ def lab(tmp_path, fashion_root):
     after, with its kernels (each in its own session: found by the runtime folder their command
     lines name). Its own workspace and settings folders: it never reopens an earlier run's tabs."""
     base = tmp_path / "lab"
-    serve, settings, workspaces, runtime = (base / name for name in ("root", "settings", "workspaces", "runtime"))
+    serve, settings, workspaces, runtime = (base / name for name in
+                                            ("root", "settings", "workspaces", "runtime"))
     for folder in (serve, settings, workspaces, runtime):
         folder.mkdir(parents=True)
     # The browser saves (and autosaves) this copy; the committed solution is never opened.
@@ -112,21 +119,24 @@ def lab(tmp_path, fashion_root):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     port, token = free_port(), uuid.uuid4().hex
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_DIR": str(base / "config"),
-           "IPYTHONDIR": str(base / "ipython"), "PYTHONUNBUFFERED": "1", "DPCOURSE_DATA": str(fashion_root)}
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={serve}",
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime),
+           "JUPYTER_CONFIG_DIR": str(base / "config"), "IPYTHONDIR": str(base / "ipython"),
+           "PYTHONUNBUFFERED": "1", "DPCOURSE_DATA": str(fashion_root)}
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={serve}",
            f"--LabApp.workspaces_dir={workspaces}", f"--LabApp.user_settings_dir={settings}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = tmp_path / "jupyter.log"
     with open(log, "w") as log_file:
-        server = subprocess.Popen(cmd, cwd=serve, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(cmd, cwd=serve, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never a proxy
     try:
-        deadline = time.monotonic() + 180  # a cap for a hang (the server's exit ends the wait sooner)
+        # a cap for a hang (the server's exit ends the wait sooner)
+        deadline = time.monotonic() + 180
         while True:
             try:
                 with direct.open(f"{url}/api/status?token={token}", timeout=5) as response:
@@ -134,8 +144,8 @@ def lab(tmp_path, fashion_root):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not answer on {url} (exit status {server.poll()}):\n"
-                                f"{log.read_text()[-3000:]}", pytrace=False)
+                    pytest.fail(f"JupyterLab did not answer on {url} (exit status "
+                                f"{server.poll()}):\n{log.read_text()[-3000:]}", pytrace=False)
                 time.sleep(0.5)
         yield url, token, serve, log
     finally:
@@ -157,11 +167,12 @@ def test_notebook_01_runs_in_a_real_browser_and_its_slider_redraws_the_plot(node
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     tag = f"dpcourse-browser-{uuid.uuid4().hex[:12]}"
-    driver = subprocess.Popen([node, str(DRIVER), f"--url={url}", f"--token={token}", f"--notebook={NOTEBOOK.name}",
-                               f"--out={SHOTS}", f"--cells={len(cells)}", f"--chromium={CHROMIUM}", "--timeout=300",
+    driver = subprocess.Popen([node, str(DRIVER), f"--url={url}", f"--token={token}",
+                               f"--notebook={NOTEBOOK.name}", f"--out={SHOTS}",
+                               f"--cells={len(cells)}", f"--chromium={CHROMIUM}", "--timeout=300",
                                f"--tag={tag}"],
-                              cwd=DRIVER_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+                              cwd=DRIVER_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
     try:
         stdout, stderr = driver.communicate(timeout=600)
     except subprocess.TimeoutExpired:
@@ -173,21 +184,25 @@ def test_notebook_01_runs_in_a_real_browser_and_its_slider_redraws_the_plot(node
     try:
         result = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
-        pytest.fail(f"the browser driver reported nothing (exit {driver.returncode}):\n{stdout[-2000:]}\n"
-                    f"{stderr[-3000:]}\nJupyterLab's log:\n{log.read_text()[-3000:]}", pytrace=False)
+        pytest.fail(f"the browser driver reported nothing (exit {driver.returncode}):\n"
+                    f"{stdout[-2000:]}\n{stderr[-3000:]}\nJupyterLab's log:\n"
+                    f"{log.read_text()[-3000:]}", pytrace=False)
     (SHOTS / "result.json").write_text(json.dumps(result, indent=1))
     seen = f"(driver's report: {SHOTS / 'result.json'}, screenshots in {SHOTS})"
 
-    assert "failure" not in result, f"the browser driver broke: {result['failure']}\n{stderr[-2000:]} {seen}"
+    assert "failure" not in result, \
+        f"the browser driver broke: {result['failure']}\n{stderr[-2000:]} {seen}"
     assert result["cells_rendered"] == len(cells) and result["code_cells"] == code_cells, seen
     assert not result["errors"], "cells raised in the browser:\n" + "\n\n".join(
         f"code cell {e['code_cell']}:\n{e['text']}" for e in result["errors"]) + f"\n{seen}"
     counts = result["execution_counts"]
-    assert result["cells_run"] == code_cells and counts == list(range(counts[0], counts[0] + code_cells)), \
+    assert (result["cells_run"] == code_cells
+            and counts == list(range(counts[0], counts[0] + code_cells))), \
         f"not every code cell ran, in order: {counts} {seen}"
     assert result["slider_moved"], f"the slider did not move: {result['slider']} {seen}"
     assert result["slider"]["label"] == "batch size", result["slider"]
-    assert result["plot_changed"], f"moving the slider did not redraw the plot: {result['slider']} {seen}"
+    assert result["plot_changed"], \
+        f"moving the slider did not redraw the plot: {result['slider']} {seen}"
 
     # What the browser saved: the run's own outputs, no error, in the copy only.
     assert result["saved"], seen
@@ -200,5 +215,5 @@ def test_notebook_01_runs_in_a_real_browser_and_its_slider_redraws_the_plot(node
         assert (SHOTS / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot
 
     took = time.monotonic() - started
-    print(f"\nbrowser test: {took:.1f} s in the test ({result['timings']} in the driver); screenshots: "
-          + ", ".join(result["screenshots"]))
+    print(f"\nbrowser test: {took:.1f} s in the test ({result['timings']} in the driver); "
+          f"screenshots: " + ", ".join(result["screenshots"]))

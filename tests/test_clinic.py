@@ -14,7 +14,8 @@ BUG_LABS = ROOT / "solutions" / "labs" / "bugs"
 
 
 def twin(fixed: str, bug: str, name: str) -> str:
-    """The buggy script: the fixed one with its exercise region replaced by ``bug`` (dropped when "")."""
+    """The buggy script: the fixed one with its exercise region replaced by ``bug`` (dropped
+    when "")."""
     lines = fixed.replace(f"{name}_fixed.py", f"{name}.py").splitlines()
     begin = next(i for i, line in enumerate(lines) if BEGIN in line)
     end = next(i for i, line in enumerate(lines) if END in line)
@@ -35,4 +36,5 @@ def test_the_buggy_script_is_its_fixed_twin_with_one_defect(name):
     fixed = (BUG_LABS / f"{name}_fixed.py").read_text()
     assert fixed.count(BEGIN) == 1, "one exercise region per fixed twin"
     assert (BUG_LABS / f"{name}.py").read_text() == twin(fixed, BUGS[name], name), \
-        f"labs/bugs/{name}.py is out of step with {name}_fixed.py: regenerate it with tests/test_clinic.py:twin"
+        (f"labs/bugs/{name}.py is out of step with {name}_fixed.py: "
+         "regenerate it with tests/test_clinic.py:twin")

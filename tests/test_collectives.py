@@ -11,7 +11,8 @@ from conftest import AT_ONCE_S, ROOT, run, torchrun_cmd
 from dpcourse.course import STUB_RAISE, student_script
 
 LABS = ROOT / "solutions" / "labs"
-TOUR, PATTERNS, COMPOSE = LABS / "collectives_tour.py", LABS / "comm_patterns.py", LABS / "compose_allreduce.py"
+TOUR, PATTERNS, COMPOSE = (LABS / "collectives_tour.py", LABS / "comm_patterns.py",
+                           LABS / "compose_allreduce.py")
 
 
 def read(path):
@@ -53,16 +54,19 @@ def test_tour_logs_every_primitive_right(tmp_path, nproc):
         assert records[op]["after"] == after, (op, records[op])
     arrived = [a for [a] in records["barrier"]["before"]]
     left = [l for [l] in records["barrier"]["after"]]
-    assert arrived == sorted(arrived) and arrived[-1] >= 40 * (nproc - 1) - 1  # rank r is 40·r ms late
+    # rank r is 40·r ms late
+    assert arrived == sorted(arrived) and arrived[-1] >= 40 * (nproc - 1) - 1
     assert min(left) >= max(arrived) - 0.1, records["barrier"]  # nobody left before the last came
     assert result.stdout.count("all_reduce: the sum of all rows") == 1  # rank 0 alone prints
     if nproc == 2:  # the printed table: all_to_all transposes
-        assert "rank 0     0   1      0  10\nrank 1    10  11      1  11" in result.stdout, result.stdout
+        assert "rank 0     0   1      0  10\nrank 1    10  11      1  11" in result.stdout, \
+            result.stdout
 
 
 def test_async_timelines(tmp_path):
     log = tmp_path / "async.jsonl"
-    result = run(torchrun_cmd(2, PATTERNS, "async", "--mib", 1, "--repeats", 1, "--log-json", log), timeout=90)
+    result = run(torchrun_cmd(2, PATTERNS, "async", "--mib", 1, "--repeats", 1, "--log-json", log),
+                 timeout=90)
     assert result.returncode == 0, result.stdout
     records = read(log)
     assert [r["mode"] for r in records] == ["blocking all_reduce", "async all_reduce",
@@ -83,7 +87,8 @@ def test_async_timelines(tmp_path):
 def test_parameter_server_counts_its_traffic(tmp_path):
     log = tmp_path / "ps.jsonl"
     sizes = [10, 1000]
-    result = run(torchrun_cmd(3, PATTERNS, "ps", "--sizes", *sizes, "--repeats", 1, "--log-json", log), timeout=90)
+    result = run(torchrun_cmd(3, PATTERNS, "ps", "--sizes", *sizes, "--repeats", 1,
+                              "--log-json", log), timeout=90)
     assert result.returncode == 0, result.stdout
     records = read(log)
     assert [r["values"] for r in records] == sizes
@@ -106,7 +111,8 @@ def test_composed_all_reduce_passes_its_check(tmp_path, nproc):
     result = run(torchrun_cmd(nproc, COMPOSE, "--check", "--log-json", log), timeout=90)
     assert result.returncode == 0, result.stdout
     [record] = read(log)
-    assert record["ok"] and record["calls"] == {"reduce_scatter_single": 1, "all_gather_single": 1}, record
+    assert record["ok"] and record["calls"] == {"reduce_scatter_single": 1,
+                                                "all_gather_single": 1}, record
     assert result.stdout.count("all_reduce_by_parts: ok") == 1, result.stdout
 
 
@@ -116,11 +122,12 @@ def test_student_copies_are_current_and_stop_at_the_stub(tmp_path):
             f"labs/{name} is stale: regenerate it"
     student = ROOT / "labs" / "compose_allreduce.py"
     text = student.read_text()
-    assert text.count(STUB_RAISE) == 1 and "# Hint: " in text and "reduce_scatter_single(mine" not in text
+    assert (text.count(STUB_RAISE) == 1 and "# Hint: " in text
+            and "reduce_scatter_single(mine" not in text)
     start = time.perf_counter()
     result = run(torchrun_cmd(2, student, "--check"), timeout=2 * AT_ONCE_S)
     assert time.perf_counter() - start < AT_ONCE_S
     assert result.returncode != 0, result.stdout
     line = next(i for i, s in enumerate(text.splitlines(), 1) if STUB_RAISE in s)
-    assert (f"all_reduce_by_parts: not done yet — NotImplementedError: Exercise: see the hint above "
-            f"(line {line})") in result.stdout, result.stdout
+    assert (f"all_reduce_by_parts: not done yet — NotImplementedError: Exercise: see the hint "
+            f"above (line {line})") in result.stdout, result.stdout

@@ -81,8 +81,8 @@ def test_corrupt_system_gz_is_reported(tmp_path):
         shutil.copy(f"{SYSTEM_DIR}/{name}.gz", system)
     with gzip.open(system / "train-labels-idx1-ubyte.gz", "wb") as f:
         f.write(b"\x00\x00\x08\x01" + b"\x00" * 100)
-    result = run([sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path / "d")],
-                 env={**OFFLINE, "DPCOURSE_SYSTEM_DATA": str(system)})
+    result = run([sys.executable, "-m", "dpcourse.data", "fetch", "--data-root",
+                  str(tmp_path / "d")], env={**OFFLINE, "DPCOURSE_SYSTEM_DATA": str(system)})
     assert result.returncode == 1
     assert "train-labels-idx1-ubyte.gz (unpacked) is truncated" in result.stdout
     assert "Traceback" not in result.stdout
@@ -97,12 +97,14 @@ def test_no_data_anywhere_gives_one_clear_message_fast(tmp_path):
     assert elapsed < AT_ONCE_S
     out = result.stdout
     assert "FashionMNIST is not here and could not be fetched" in out
-    assert "--data-root" in out and "apt-get install dataset-fashion-mnist" in out and "dpcourse.data fetch" in out
+    assert ("--data-root" in out and "apt-get install dataset-fashion-mnist" in out
+            and "dpcourse.data fetch" in out)
     assert "Traceback" not in out
 
 
 def test_make_course_stops_fast_with_the_data_message(tmp_path):
-    """`make course` with no data root, no Debian package and no network (the venv already built)."""
+    """`make course` with no data root, no Debian package and no network (the venv already
+    built)."""
     if not (ROOT / ".venv" / ".installed-stamp").exists():
         pytest.skip("needs the checkout's .venv (run through `make test`)")
     start = time.perf_counter()
@@ -124,7 +126,8 @@ def test_two_ranks_stage_once_and_agree(tmp_path, root):
 
 def test_two_ranks_without_data_print_one_message(tmp_path, root):
     start = time.perf_counter()
-    result = run(torchrun_cmd(2, root / "tests/helpers/stage.py", tmp_path), env=NO_SOURCES, timeout=2 * AT_ONCE_S)
+    result = run(torchrun_cmd(2, root / "tests/helpers/stage.py", tmp_path), env=NO_SOURCES,
+                 timeout=2 * AT_ONCE_S)
     assert result.returncode != 0
     assert time.perf_counter() - start < AT_ONCE_S
     assert result.stdout.count("FashionMNIST is not here and could not be fetched") == 1
@@ -145,9 +148,11 @@ def test_in_memory_dataset_matches_torchvision_per_sample(fashion_root):
 
 
 def test_the_first_n_images_are_the_splits_first_and_a_bad_n_is_one_message(fashion_root):
-    """--train-images N of the FashionMNIST labs: a quick run on the first N images; the sampler over the
-    dataset then draws indices below N, which also index torchvision's dataset the same way."""
-    whole, first = InMemoryFashionMNIST(fashion_root, train=True), InMemoryFashionMNIST(fashion_root, train=True, first=600)
+    """--train-images N of the FashionMNIST labs: a quick run on the first N images; the sampler
+    over the dataset then draws indices below N, which also index torchvision's dataset the same
+    way."""
+    whole, first = (InMemoryFashionMNIST(fashion_root, train=True),
+                    InMemoryFashionMNIST(fashion_root, train=True, first=600))
     assert len(first) == 600
     idx = torch.tensor([0, 299, 599])
     assert torch.equal(first[idx][0], whole[idx][0]) and torch.equal(first[idx][1], whole[idx][1])
@@ -157,7 +162,8 @@ def test_the_first_n_images_are_the_splits_first_and_a_bad_n_is_one_message(fash
 
 
 def test_a_bad_download_is_refused_and_removed(tmp_path, monkeypatch):
-    """A mirror that serves the wrong bytes: torchvision's MD5 check fails, nothing is left in raw/."""
+    """A mirror that serves the wrong bytes: torchvision's MD5 check fails, nothing is left in
+    raw/."""
     import http.server
     import threading
 
@@ -191,8 +197,8 @@ def test_processes_without_a_group_share_one_staging(tmp_path):
     import subprocess
 
     cmd = [sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path)]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
     outs = [(p.wait(timeout=120), p.stdout.read()) for p in procs]
     assert all(code == 0 for code, _ in outs), outs
     raw = tmp_path / "FashionMNIST" / "raw"
@@ -214,7 +220,8 @@ def test_a_bad_gz_dropped_in_raw_is_named_with_its_fix(tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     (raw / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
-    with pytest.raises(CourseError, match=r"train-images-idx3-ubyte.gz cannot be unpacked.*Delete "):
+    with pytest.raises(CourseError,
+                       match=r"train-images-idx3-ubyte.gz cannot be unpacked.*Delete "):
         ensure_fashion_mnist(tmp_path, download=False)
 
 
@@ -222,15 +229,18 @@ def test_fetch_from_a_shared_copy_to_node_local_disk(tmp_path, staged):
     """`fetch --from SHARED --data-root LOCAL`: what a Slurm job does once per node. The shared
     copy is the only source (no Debian package, no network), and a damaged one is refused."""
     local = tmp_path / "node-local"
-    done = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged, "--data-root", local],
-               env=NO_SOURCES)
+    done = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged,
+                "--data-root", local], env=NO_SOURCES)
     assert done.returncode == 0 and "ready and verified" in done.stdout, done.stdout
     assert sorted(p.name for p in (local / "FashionMNIST" / "raw").iterdir()) == sorted(FILES)
     labels = staged / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
     labels.write_bytes(labels.read_bytes()[:100])
-    bad = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged, "--data-root", tmp_path / "other"],
-              env=NO_SOURCES)
-    assert bad.returncode == 1 and "truncated" in bad.stdout and f"--data-root {staged}" in bad.stdout, bad.stdout
+    bad = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged,
+               "--data-root", tmp_path / "other"], env=NO_SOURCES)
+    assert (bad.returncode == 1 and "truncated" in bad.stdout
+            and f"--data-root {staged}" in bad.stdout), bad.stdout
     assert "Traceback" not in bad.stdout
-    nothing = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", tmp_path / "nowhere"], env=NO_SOURCES)
-    assert nothing.returncode != 0 and "no FashionMNIST/raw/ there" in nothing.stdout, nothing.stdout
+    nothing = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", tmp_path / "nowhere"],
+                  env=NO_SOURCES)
+    assert (nothing.returncode != 0
+            and "no FashionMNIST/raw/ there" in nothing.stdout), nothing.stdout

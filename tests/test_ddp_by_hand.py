@@ -86,14 +86,16 @@ def with_answers(codes: dict[str, str]) -> str:
     return text
 
 
-# One run per pair: the i-th wrong A with the i-th wrong B (the solution's own where one list is shorter).
+# One run per pair: the i-th wrong A with the i-th wrong B
+# (the solution's own where one list is shorter).
 PAIRS = list(itertools.zip_longest(WRONG["A"], WRONG["B"]))
 
 
 def test_check_refuses_one_process():
     """With one rank every wrong answer (no all-reduce, a sum for a mean) would look right."""
     result = run([sys.executable, str(SOLUTION), "--check"], timeout=60)
-    assert result.returncode != 0 and "--check needs at least 2 ranks" in result.stdout, result.stdout
+    assert result.returncode != 0 and "--check needs at least 2 ranks" in result.stdout, \
+        result.stdout
     assert "Traceback" not in result.stdout
 
 
@@ -111,8 +113,8 @@ def test_check_passes_for_every_variant(nproc):
 
 def test_training_mode_matches_torch_ddp(tmp_path, fashion_root):
     log = tmp_path / "log.jsonl"
-    result = run(torchrun_cmd(2, SOLUTION, "--steps", 3, "--global-batch-size", 64, "--log-json", log),
-                 timeout=90)
+    result = run(torchrun_cmd(2, SOLUTION, "--steps", 3, "--global-batch-size", 64,
+                              "--log-json", log), timeout=90)
     assert result.returncode == 0, result.stdout
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["name"] for r in records] == ["DistributedDataParallel", "NaiveDDP", "OverlapDDP",
@@ -123,17 +125,21 @@ def test_training_mode_matches_torch_ddp(tmp_path, fashion_root):
     assert result.stdout.count("max |Δweight| vs DDP") == 1  # rank 0's table, once
 
 
-@pytest.mark.parametrize("wrong_a, wrong_b", PAIRS, ids=[f"A: {a or 'solution'} + B: {b or 'solution'}" for a, b in PAIRS])
+@pytest.mark.parametrize("wrong_a, wrong_b", PAIRS,
+                         ids=[f"A: {a or 'solution'} + B: {b or 'solution'}" for a, b in PAIRS])
 def test_check_rejects_a_wrong_answer(tmp_path, wrong_a, wrong_b):
     lab = tmp_path / "ddp_by_hand.py"
-    lab.write_text(with_answers({e: WRONG[e][w] for e, w in (("A", wrong_a), ("B", wrong_b)) if w is not None}))
-    # A wrong answer must fail, not hang: one that leaves a rank waiting ends at the 20-s collective timeout.
+    lab.write_text(with_answers({e: WRONG[e][w] for e, w in (("A", wrong_a), ("B", wrong_b))
+                                 if w is not None}))
+    # A wrong answer must fail, not hang: one that leaves a rank waiting ends at the 20-s
+    # collective timeout.
     result = run(torchrun_cmd(2, lab, "--check", "--timeout", 20), timeout=300)
     assert result.returncode != 0, result.stdout
     found = verdicts(result.stdout)
     assert list(found) == VARIANTS, result.stdout
     wrong_ones = [name for name, v in found.items() if v.startswith("WRONG")]
-    assert ("NaiveDDP" in wrong_ones) == (wrong_a is not None), result.stdout  # A's mistake, and only A's, on NaiveDDP
+    # A's mistake, and only A's, on NaiveDDP
+    assert ("NaiveDDP" in wrong_ones) == (wrong_a is not None), result.stdout
     buckets = [name for name in wrong_ones if name.startswith("BucketDDP")]
     assert bool(buckets) == (wrong_b is not None), result.stdout
     assert set(wrong_ones) <= {"NaiveDDP", *buckets}, result.stdout
@@ -151,11 +157,13 @@ def test_a_right_answer_written_differently_passes(tmp_path):
 
 @pytest.mark.parametrize("fault, args", [
     ("if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 breaks')", []),
-    ("if dist.get_rank() == 1:\n    time.sleep(3600)", ["--timeout", 5]),  # rank 0 waits at most 5 s
+    # rank 0 waits at most 5 s
+    ("if dist.get_rank() == 1:\n    time.sleep(3600)", ["--timeout", 5]),
 ], ids=["a rank raises", "a rank is stuck"])
 def test_a_failing_or_stuck_rank_ends_the_run_on_every_rank(tmp_path, fault, args):
-    """Rank 0's failure (its error, or its 5-s timeout) ends rank 1 too: the run ends in well under the
-    hour rank 1 would sleep, and under the 300 s the test allows, whatever the machine's load."""
+    """Rank 0's failure (its error, or its 5-s timeout) ends rank 1 too: the run ends in well under
+    the hour rank 1 would sleep, and under the 300 s the test allows, whatever the machine's
+    load."""
     lab = tmp_path / "ddp_by_hand.py"
     lab.write_text(with_answer("A", fault + "\ndist.all_reduce(p.grad)\np.grad /= world_size"))
     result = run(torchrun_cmd(2, lab, "--check", *args), timeout=300)
@@ -165,7 +173,8 @@ def test_a_failing_or_stuck_rank_ends_the_run_on_every_rank(tmp_path, fault, arg
 
 def test_student_copy_stops_at_its_stubs_with_the_hint():
     text = STUDENT.read_text()
-    assert text == student_script(SOLUTION.read_text()), "labs/ddp_by_hand.py is stale: regenerate it"
+    assert text == student_script(SOLUTION.read_text()), \
+        "labs/ddp_by_hand.py is stale: regenerate it"
     assert text.count(STUB_RAISE) == 2 and text.count("# Hint: ") == 2
     result = run(torchrun_cmd(2, STUDENT, "--check"), timeout=300)
     assert result.returncode != 0, result.stdout
@@ -174,26 +183,33 @@ def test_student_copy_stops_at_its_stubs_with_the_hint():
     assert found["OverlapDDP"].startswith("ok")  # no exercise in it
     stubbed = [name for name, v in found.items() if v.startswith("not done yet")]
     assert stubbed == [v for v in VARIANTS if v != "OverlapDDP"], result.stdout
-    raises = [i for i, line in enumerate(text.splitlines(), 1) if STUB_RAISE in line]  # the stubs' lines
-    assert found["NaiveDDP"] == f"not done yet — NotImplementedError: Exercise: see the hint above (line {raises[0]})"
+    # the stubs' lines
+    raises = [i for i, line in enumerate(text.splitlines(), 1) if STUB_RAISE in line]
+    assert found["NaiveDDP"] == \
+        f"not done yet — NotImplementedError: Exercise: see the hint above (line {raises[0]})"
     assert found["BucketDDP (1 bucket)"].endswith(f"(line {raises[1]})")
 
 
 def test_buckets_hooks_and_overlap():
-    """Buckets in reverse parameter order under a byte cap (None: one bucket); frozen weights left out, a tied
-    weight once; all-reduces started inside backward, except where a skipped layer's
+    """Buckets in reverse parameter order under a byte cap (None: one bucket); frozen weights left
+    out, a tied weight once; all-reduces started inside backward, except where a skipped layer's
     parameters keep a bucket from filling up."""
-    result = run([sys.executable, str(ROOT / "tests/helpers/by_hand_layout.py"), str(SOLUTION)], timeout=60)
+    result = run([sys.executable, str(ROOT / "tests/helpers/by_hand_layout.py"), str(SOLUTION)],
+                 timeout=60)
     assert result.returncode == 0, result.stdout
     out = json.loads(result.stdout.strip().splitlines()[-1])
     trainable = [n for n in out["parameters"] if n != "frozen.weight"]
     assert out["overlap_params"] == trainable  # hidden.weight (tied to again.weight) once
-    assert out["buckets"]["100"] == out["buckets"]["None"] == [trainable[::-1]]  # None: one bucket, no cap
+    # None: one bucket, no cap
+    assert out["buckets"]["100"] == out["buckets"]["None"] == [trainable[::-1]]
     assert out["buckets"]["0"] == [[n] for n in trainable[::-1]]
-    # 0.0012 MiB = 1258 bytes: head (16 + 256 B) + extra.bias (64 B); extra.weight (1 KiB) + hidden.bias; ...
+    # 0.0012 MiB = 1258 bytes: head (16 + 256 B) + extra.bias (64 B);
+    # extra.weight (1 KiB) + hidden.bias; ...
     assert out["buckets"]["0.0012"] == [["head.bias", "head.weight", "extra.bias"],
                                         ["extra.weight", "hidden.bias"],
-                                        ["hidden.weight", "frozen.bias", "embed.bias"], ["embed.weight"]]
+                                        ["hidden.weight", "frozen.bias", "embed.bias"],
+                                        ["embed.weight"]]
     # A step without the extra layer: its two parameters get no gradient and no hook call.
-    assert out["started"] == {"BucketDDP 100": [1, 0, 1], "BucketDDP None": [1, 0, 1], "BucketDDP 0.0012": [4, 2, 4],
-                              "BucketDDP 0": [9, 7, 9], "OverlapDDP": [9, 7, 9]}
+    assert out["started"] == {"BucketDDP 100": [1, 0, 1], "BucketDDP None": [1, 0, 1],
+                              "BucketDDP 0.0012": [4, 2, 4], "BucketDDP 0": [9, 7, 9],
+                              "OverlapDDP": [9, 7, 9]}

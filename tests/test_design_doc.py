@@ -20,11 +20,12 @@ THIS = "tests/test_design_doc.py"
 LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 # What makes a word in backticks a repository path: a "/" in it, or one of these endings.
 SUFFIXES = (".py", ".md", ".sbatch", ".def", ".toml", ".yml")
-# Placeholders: folders that the course's commands write and .gitignore ignores, so that a fresh clone
-# lacks them and a path under them is a place the page names, not a file that must already be there.
+# Placeholders: folders that the course's commands write and .gitignore ignores, so that a fresh
+# clone lacks them and a path under them is a place the page names, not a file that must
+# already be there.
 GENERATED = {
-    "build": "make course's executed notebooks, build/times.json and build/executed.json; make gpu-check's "
-             "figures; the browser test's screenshots",
+    "build": "make course's executed notebooks, build/times.json and build/executed.json; make "
+             "gpu-check's figures; the browser test's screenshots",
     "data": "FashionMNIST, staged by make data (or the tests' fashion_root fixture)",
     "runs": "the labs' and the scaling studies' run folders",
     ".venv": "the environment make setup creates",
@@ -36,7 +37,8 @@ EXTERNAL = (b"DESIGN.md", b"../shared")
 @lru_cache(maxsize=None)
 def repository_files(untracked: bool = False) -> tuple[str, ...]:
     """`git ls-files`: the tracked files (and, with ``untracked``, those git does not ignore)."""
-    cmd = ["git", "ls-files", "-z"] + (["--cached", "--others", "--exclude-standard"] if untracked else [])
+    cmd = ["git", "ls-files", "-z"] + (["--cached", "--others", "--exclude-standard"]
+                                       if untracked else [])
     try:
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError) as err:
@@ -61,7 +63,8 @@ def path_words(text: str) -> list[str]:
     for span in inline_code(text):
         for word in span.split():
             word = word.strip("\"'(),;:").split("::")[0]  # tests/x.py::test_y names tests/x.py
-            if not word or word.startswith(("-", "/", "~")) or "$" in word or "://" in word or "=" in word:
+            if (not word or word.startswith(("-", "/", "~")) or "$" in word or "://" in word
+                    or "=" in word):
                 continue
             if re.fullmatch(r"\.\w+", word):  # a file ending (`.py` labs), not a file
                 continue
@@ -72,13 +75,15 @@ def path_words(text: str) -> list[str]:
 
 def test_every_library_module_is_named_on_the_page():
     library = ROOT / "src" / "dpcourse"
-    modules = [f"src/dpcourse/{p.name}" for p in sorted(library.glob("*.py")) if p.name != "__init__.py"]
+    modules = [f"src/dpcourse/{p.name}" for p in sorted(library.glob("*.py"))
+               if p.name != "__init__.py"]
     modules += [f"src/dpcourse/{p.name}/" for p in sorted(library.iterdir())
                 if p.is_dir() and (p / "__init__.py").exists()]  # subpackages, if any
     assert len(modules) > 10, modules
     named = {word for span in inline_code(page()) for word in span.split()}
     missing = [m for m in modules if m not in named]
-    assert not missing, f"docs/design.md §2 does not name these modules (as `src/dpcourse/x.py`): {missing}"
+    assert not missing, \
+        f"docs/design.md §2 does not name these modules (as `src/dpcourse/x.py`): {missing}"
 
 
 def test_every_path_the_page_names_exists():
@@ -97,13 +102,15 @@ def test_every_path_the_page_names_exists():
             found = (ROOT / word).exists()
         if not found:
             missing.append(word)
-    assert not missing, (f"docs/design.md names paths that do not exist: {missing} (a family of files is "
-                         f"written as a glob; placeholders are only paths under {sorted(GENERATED)})")
+    assert not missing, (f"docs/design.md names paths that do not exist: {missing} (a family of "
+                         f"files is written as a glob; placeholders are only paths under "
+                         f"{sorted(GENERATED)})")
 
 
 def test_nothing_in_the_repository_cites_the_external_rules_page():
-    """The code and the other documents cite docs/design.md, never the course's rules page outside the
-    repository. This file, which must spell what it looks for, and the page itself are left out."""
+    """The code and the other documents cite docs/design.md, never the course's rules page outside
+    the repository. This file, which must spell what it looks for, and the page itself are
+    left out."""
     offenders = []
     for name in repository_files():
         if name in (THIS, "docs/design.md"):
@@ -116,13 +123,14 @@ def test_nothing_in_the_repository_cites_the_external_rules_page():
             if word in data:
                 lines = [n for n, line in enumerate(data.splitlines(), 1) if word in line]
                 offenders.append(f"{name}:{lines[0]} ({word.decode()})")
-    assert not offenders, f"these cite the external rules page; cite docs/design.md and its section: {offenders}"
+    assert not offenders, \
+        f"these cite the external rules page; cite docs/design.md and its section: {offenders}"
 
 
 def test_the_pages_common_options_are_the_ddp_labs(capsys):
-    """Each option in the page's **Common options** paragraph is one that fashion_ddp.py's own parser
-    (its parse_args, the lab imported as a module: its main() does not run) accepts, with the choices
-    the page writes."""
+    """Each option in the page's **Common options** paragraph is one that fashion_ddp.py's own
+    parser (its parse_args, the lab imported as a module: its main() does not run) accepts, with the
+    choices the page writes."""
     found = re.search(r"\*\*Common options\.\*\*(.*?)\n\s*\n", page(), re.S)
     assert found, "docs/design.md §3 has no **Common options.** paragraph"
     listed = re.findall(r"`(--[\w-]+)(?: (\{[^}]*\}))?`", found.group(1))
@@ -135,11 +143,14 @@ def test_the_pages_common_options_are_the_ddp_labs(capsys):
     with pytest.raises(SystemExit) as ended:
         lab.parse_args(["--help"])
     assert ended.value.code == 0
-    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # no colours, should a terminal ask
-    accepted = {m.group(1): m.group(2) for m in re.finditer(r"^  (--[\w-]+)(?: (\{[^}]*\}))?", shown, re.M)}
+    # no colours, should a terminal ask
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    accepted = {m.group(1): m.group(2)
+                for m in re.finditer(r"^  (--[\w-]+)(?: (\{[^}]*\}))?", shown, re.M)}
     assert "--log-json" in accepted, shown  # the help was read
     unknown = [option for option, _ in listed if option not in accepted]
-    assert not unknown, f"docs/design.md lists common options that fashion_ddp.py does not take: {unknown}"
+    assert not unknown, \
+        f"docs/design.md lists common options that fashion_ddp.py does not take: {unknown}"
     other = {option: (choices, accepted[option]) for option, choices in listed
              if choices and choices != accepted[option]}
     assert not other, f"docs/design.md's choices differ from the lab's (page, lab): {other}"
@@ -153,4 +164,5 @@ def test_the_sections_the_library_cites_are_on_the_page():
             cited.setdefault(section, []).append(path.relative_to(ROOT).as_posix())
     assert cited, "the library cites no section of docs/design.md"
     dangling = {section: files for section, files in cited.items() if section not in headings}
-    assert not dangling, f"docs/design.md has no such section (it has {sorted(headings)}): {dangling}"
+    assert not dangling, \
+        f"docs/design.md has no such section (it has {sorted(headings)}): {dangling}"

@@ -31,10 +31,13 @@ HELLO = ROOT / "solutions" / "labs" / "hello.py"
 
 
 @pytest.mark.parametrize("variables, expected", [
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"},
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
+      "TORCHELASTIC_RUN_ID": "none"},
      (3, 1, 8, 2, "torchrun")),
-    # the same exported by hand (notebook 05's env://, a site's script): no launcher watches the ranks
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2"}, (3, 1, 8, 2, "env")),
+    # the same exported by hand (notebook 05's env://, a site's script):
+    # no launcher watches the ranks
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2"},
+     (3, 1, 8, 2, "env")),
     ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_ID": "0",
       "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}, (5, 1, 6, 1, "slurm")),
     ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
@@ -51,8 +54,8 @@ HELLO = ROOT / "solutions" / "labs" / "hello.py"
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0",
       "SLURM_STEP_NUM_TASKS": "1", "SLURM_LOCALID": "0"}, (3, 1, 4, 2, "mpi")),
     # horovodrun --gloo (horovodrun --mpi sets the OMPI ones)
-    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
-      "HOROVOD_CROSS_RANK": "0"}, (1, 1, 2, 2, "horovodrun")),
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
+      "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "0"}, (1, 1, 2, 2, "horovodrun")),
     ({}, (0, 0, 1, 1, "none")),
 ])
 def test_env_info(variables, expected):
@@ -73,38 +76,45 @@ def test_nccl_without_gpu_is_refused_with_a_fix():
 
 
 NONE = "the job asked Slurm for no GPU"
-# (backend, device, local rank, processes on the node, GPUs this process sees, bound by the launcher,
-#  GPUs the job holds here) -> (backend, device, a note?) or the error's words
+# (backend, device, local rank, processes on the node, GPUs this process sees, bound by the
+#  launcher, GPUs the job holds here) -> (backend, device, a note?) or the error's words
 PLACEMENTS = [
     # --gpus-per-node=4, one torchrun per node (or srun tasks that each see all 4): cuda:LOCAL_RANK
     (("auto", "auto", 3, 4, 4, False, "0,1,2,3"), ("nccl", "cuda:3", False)),
     (("auto", "cuda", 1, 4, 4, True, "0,1,2,3"), ("nccl", "cuda:1", False)),
-    # --gpus-per-task=1, --gpu-bind=single:1, or a site's CUDA_VISIBLE_DEVICES per task: each sees one, its own
+    # --gpus-per-task=1, --gpu-bind=single:1, or a site's CUDA_VISIBLE_DEVICES per task:
+    # each sees one, its own
     (("auto", "auto", 3, 4, 1, True, "3"), ("nccl", "cuda:0", False)),
     (("auto", "cuda", 2, 4, 1, True, "2"), ("nccl", "cuda:0", False)),
     (("nccl", "cuda", 1, 2, 1, True, "1"), ("nccl", "cuda:0", False)),
     # torchrun --nproc-per-node=2 on a laptop's one GPU: they would share it
     (("auto", "auto", 1, 2, 1, False, None), ("gloo", "cpu", False)),
-    (("nccl", "auto", 1, 2, 1, False, None), "NCCL needs one GPU per process: this node runs 2 processes and has 1 GPU"),
+    (("nccl", "auto", 1, 2, 1, False, None),
+     "NCCL needs one GPU per process: this node runs 2 processes and has 1 GPU"),
     (("auto", "cuda", 0, 2, 1, False, None), "--device cuda needs one GPU per process"),
     (("gloo", "auto", 0, 2, 1, False, None), ("gloo", "cpu", False)),
     # ... in a GPU job: the CPU, said in one line
     (("auto", "auto", 0, 4, 2, False, "0,1"), ("gloo", "cpu", True)),
-    # no GPU visible: the CPU, silently outside a GPU job, in one line inside one; cuda and nccl refused
+    # no GPU visible: the CPU, silently outside a GPU job, in one line inside one;
+    # cuda and nccl refused
     (("auto", "auto", 0, 2, 0, False, None), ("gloo", "cpu", False)),
     (("auto", "auto", 0, 2, 0, False, "0,1"), ("gloo", "cpu", True)),
-    (("auto", "cuda", 0, 1, 0, False, None), "--device cuda, but this process sees no GPU: " + NONE),
-    (("nccl", "auto", 0, 1, 0, False, None), "NCCL needs a GPU, and this process sees none: " + NONE),
+    (("auto", "cuda", 0, 1, 0, False, None),
+     "--device cuda, but this process sees no GPU: " + NONE),
+    (("nccl", "auto", 0, 1, 0, False, None),
+     "NCCL needs a GPU, and this process sees none: " + NONE),
     (("nccl", "cpu", 0, 1, 1, False, "0"), "NCCL needs a GPU, and --device cpu was asked for"),
     # --device cpu on a GPU node: asked for, so nothing to say
     (("auto", "cpu", 0, 4, 4, False, "0,1,2,3"), ("gloo", "cpu", False)),
 ]
 
 
-@pytest.mark.parametrize("case, expected", PLACEMENTS, ids=[" ".join(map(str, c[0])) for c in PLACEMENTS])
+@pytest.mark.parametrize("case, expected", PLACEMENTS,
+                         ids=[" ".join(map(str, c[0])) for c in PLACEMENTS])
 def test_the_device_follows_what_the_launcher_bound(case, expected):
     backend, device, local_rank, local_world, gpus, bound, held = case
-    decide = lambda: place(backend, device, local_rank, local_world, gpus=gpus, bound=bound, held=held,  # noqa: E731
+    decide = lambda: place(backend, device, local_rank, local_world, gpus=gpus,  # noqa: E731
+                           bound=bound, held=held,
                            why_none=lambda: NONE + ": add #SBATCH --gpus-per-node=N")
     if isinstance(expected, str):
         with pytest.raises(CourseError, match=re.escape(expected)):
@@ -117,11 +127,18 @@ def test_the_device_follows_what_the_launcher_bound(case, expected):
 
 
 @pytest.mark.parametrize("environ, launcher, visible, bound, held", [
-    ({"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "torchrun", 4, False, "4"),
-    # --gpus-per-node=2 with 4 tasks: Slurm sets CUDA_VISIBLE_DEVICES for each, but binds nothing (they would share)
-    ({"SLURM_GPUS_ON_NODE": "2", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}, "slurm", 2, False, "0,1"),
-    ({"SLURM_GPUS_ON_NODE": "2", "SLURM_STEP_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1"}, "slurm", 1, True, "1"),  # --gpu-bind
-    ({"SLURM_GPUS_PER_TASK": "1", "SLURM_STEP_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, "slurm", 1, True, "2"),  # --gpus-per-task
+    ({"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+     "torchrun", 4, False, "4"),
+    # --gpus-per-node=2 with 4 tasks: Slurm sets CUDA_VISIBLE_DEVICES for each, but binds nothing
+    # (they would share)
+    ({"SLURM_GPUS_ON_NODE": "2", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"},
+     "slurm", 2, False, "0,1"),
+    # --gpu-bind
+    ({"SLURM_GPUS_ON_NODE": "2", "SLURM_STEP_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1"},
+     "slurm", 1, True, "1"),
+    # --gpus-per-task
+    ({"SLURM_GPUS_PER_TASK": "1", "SLURM_STEP_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0"},
+     "slurm", 1, True, "2"),
     ({"SLURM_JOB_ID": "7"}, "slurm", 0, False, None),
     ({"CUDA_VISIBLE_DEVICES": "1"}, "mpi", 1, True, None),
 ])
@@ -139,29 +156,34 @@ def test_why_no_gpu_names_the_job_that_asked_for_none(monkeypatch):
 
 
 def test_why_no_gpu_names_cuda_visible_devices_where_it_hides_the_gpus(tmp_path, monkeypatch):
-    """Seen on an H100 node: CUDA_VISIBLE_DEVICES= (empty) and --device cuda said "there is no GPU on this
-    machine". Where nvidia-smi lists GPUs, the variable is the cause, and the message names it."""
+    """Seen on an H100 node: CUDA_VISIBLE_DEVICES= (empty) and --device cuda said "there is no GPU
+    on this machine". Where nvidia-smi lists GPUs, the variable is the cause, and the message names
+    it."""
     if torch.version.cuda is None:
         pytest.skip("a CPU-only build of torch: why_no_gpu says that first")
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 99.0 |'\n")
+    smi.write_text("#!/bin/sh\necho '| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   "
+                   "CUDA Version: 99.0 |'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     assert why_no_gpu({"CUDA_VISIBLE_DEVICES": ""}).startswith(
-        "CUDA_VISIBLE_DEVICES is set and empty, which hides every GPU nvidia-smi lists here: unset it")
-    for environ, shown in (({}, "unset"), ({"CUDA_VISIBLE_DEVICES": "0"}, "0")):  # not the variable's fault
-        assert why_no_gpu(environ).startswith(f"nvidia-smi lists GPUs here, but CUDA finds none (CUDA_VISIBLE_DEVICES={shown};")
+        "CUDA_VISIBLE_DEVICES is set and empty, which hides every GPU nvidia-smi lists here: "
+        "unset it")
+    # not the variable's fault
+    for environ, shown in (({}, "unset"), ({"CUDA_VISIBLE_DEVICES": "0"}, "0")):
+        assert why_no_gpu(environ).startswith("nvidia-smi lists GPUs here, but CUDA finds none "
+                                              f"(CUDA_VISIBLE_DEVICES={shown};")
 
 
 def test_the_driver_version_comes_from_the_kernel_module_or_nvidia_smi(tmp_path, monkeypatch):
-    """torch has no call for the driver's version (the roll call and make gpu-check printed "driver ?" on
-    an H100 node): the kernel module's file says it, else nvidia-smi, else "?"."""
+    """torch has no call for the driver's version (the roll call and make gpu-check printed
+    "driver ?" on an H100 node): the kernel module's file says it, else nvidia-smi, else "?"."""
     proc = tmp_path / "version"
     proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  2 2025\n"
                     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
     assert dpcourse_dist._driver(str(proc)) == "580.159.04"
-    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.35.03  Release Build  "
-                    "(dvs-builder@U16-I3-B03-4-3)  Fri Aug 16 21:42:42 UTC 2024\n")
+    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.35.03  "
+                    "Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri Aug 16 21:42:42 UTC 2024\n")
     assert dpcourse_dist._driver(str(proc)) == "560.35.03"
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
@@ -169,23 +191,28 @@ def test_the_driver_version_comes_from_the_kernel_module_or_nvidia_smi(tmp_path,
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
     assert dpcourse_dist._driver(str(tmp_path / "absent")) == "535.104.05"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver'\nexit 9\n")
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with "
+                   "the driver'\nexit 9\n")
     assert dpcourse_dist._driver(str(tmp_path / "absent")) == "?"
 
 
 def _gpu_row(rank, node, local_rank, uuid):
-    return {"rank": rank, "node": node, "local_rank": local_rank, "device": "cuda:0", "name": "NVIDIA H100",
-            "uuid": uuid, "visible": str(local_rank), "torch": "2.14.1", "cuda": "13.0", "driver": "580.159.04"}
+    return {"rank": rank, "node": node, "local_rank": local_rank, "device": "cuda:0",
+            "name": "NVIDIA H100", "uuid": uuid, "visible": str(local_rank), "torch": "2.14.1",
+            "cuda": "13.0", "driver": "580.159.04"}
 
 
 def test_rank0_lists_each_ranks_gpu_and_two_ranks_on_one_gpu_stop_the_run():
     own = [_gpu_row(r, f"n{r // 2 + 1}", r % 2, f"GPU-{r}") for r in range(4)]
     lines, problem = describe_gpus(own)
     assert problem is None and len(lines) == 4
-    assert lines[3].startswith("rank   3 on n2, local rank 1: cuda:0 = NVIDIA H100 (GPU-3), CUDA_VISIBLE_DEVICES=1")
-    shared = [_gpu_row(0, "n1", 0, "GPU-a"), _gpu_row(1, "n1", 1, "GPU-a"), _gpu_row(2, "n2", 0, "GPU-a")]
+    assert lines[3].startswith("rank   3 on n2, local rank 1: cuda:0 = NVIDIA H100 (GPU-3), "
+                               "CUDA_VISIBLE_DEVICES=1")
+    shared = [_gpu_row(0, "n1", 0, "GPU-a"), _gpu_row(1, "n1", 1, "GPU-a"),
+              _gpu_row(2, "n2", 0, "GPU-a")]
     _, problem = describe_gpus(shared)  # rank 2, on another node, is not sharing with them
-    assert problem.startswith("ranks 0 and 1 on n1 share one GPU (GPU-a): each process needs its own")
+    assert problem.startswith("ranks 0 and 1 on n1 share one GPU (GPU-a): "
+                              "each process needs its own")
 
 
 def test_hello_two_ranks_under_torchrun(tmp_path):
@@ -195,7 +222,8 @@ def test_hello_two_ranks_under_torchrun(tmp_path):
     assert "hello from rank 0 of 2" in result.stdout and "hello from rank 1 of 2" in result.stdout
     assert result.stdout.count("all_reduce(rank + 1) = 3") == 1  # rank 0 alone prints it
     [record] = [json.loads(line) for line in log.read_text().splitlines()]
-    assert record["world_size"] == 2 and record["all_reduce"] == 3.0 and record["launcher"] == "torchrun"
+    assert record["world_size"] == 2 and record["all_reduce"] == 3.0 \
+        and record["launcher"] == "torchrun"
 
 
 def test_hello_as_plain_python():
@@ -205,11 +233,13 @@ def test_hello_as_plain_python():
 
 
 def _start_ranks(world, launcher_env, extra=None):
-    """Start `world` plain python processes with srun- or mpirun-style variables, as those launchers would."""
+    """Start `world` plain python processes with srun- or mpirun-style variables, as those
+    launchers would."""
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**launcher_env(rank, world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(extra or {})}
+        env = {**launcher_env(rank, world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               **(extra or {})}
         procs.append(subprocess.Popen([sys.executable, str(HELLO)], cwd=ROOT, text=True,
                                       env={**os.environ, **env},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
@@ -218,7 +248,8 @@ def _start_ranks(world, launcher_env, extra=None):
 
 def slurm_vars(rank, world):
     return {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_STEP_ID": "0",
-            "SLURM_STEP_NUM_TASKS": str(world), "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": str(world)}
+            "SLURM_STEP_NUM_TASKS": str(world), "SLURM_NODEID": "0",
+            "SLURM_STEP_TASKS_PER_NODE": str(world)}
 
 
 def ompi_vars(rank, world):
@@ -250,22 +281,27 @@ def test_port_in_use_gives_one_clear_message():
         busy.listen()
         port = busy.getsockname()[1]
         start = time.perf_counter()
-        result = run([sys.executable, str(HELLO)], env={**slurm_vars(0, 1), "MASTER_ADDR": "127.0.0.1",
-                                                        "MASTER_PORT": str(port)}, timeout=2 * AT_ONCE_S)
+        result = run([sys.executable, str(HELLO)],
+                     env={**slurm_vars(0, 1), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                     timeout=2 * AT_ONCE_S)
     assert result.returncode == 1
     assert time.perf_counter() - start < AT_ONCE_S
-    assert f"Port {port}" in result.stdout and "already in use" in result.stdout and "MASTER_PORT" in result.stdout
+    assert f"Port {port}" in result.stdout and "already in use" in result.stdout \
+        and "MASTER_PORT" in result.stdout
     assert "Traceback" not in result.stdout
 
 
 def test_an_unfinished_exercise_is_said_once_by_rank0_even_when_rank0_comes_to_it_last():
-    """Rank 1 meets the stub 5 s before rank 0 (a loaded machine: CI once saw both ranks say it, when
-    rank 1 waited a fixed 3 s): it waits for rank 0's word in the group's store, not for a clock."""
+    """Rank 1 meets the stub 5 s before rank 0 (a loaded machine: CI once saw both ranks say it,
+    when rank 1 waited a fixed 3 s): it waits for rank 0's word in the group's store, not for a
+    clock."""
     result = run(torchrun_cmd(2, ROOT / "tests/helpers/late_stub.py", 5), timeout=2 * AT_ONCE_S)
     assert result.returncode != 0
-    said = [line for line in result.stdout.splitlines() if "This exercise of the lab is not done yet" in line]
+    said = [line for line in result.stdout.splitlines()
+            if "This exercise of the lab is not done yet" in line]
     assert len(said) == 1 and said[0].startswith("[rank0]:"), result.stdout
-    assert "Traceback" not in ranks_part(result.stdout), result.stdout  # torchrun's own report follows
+    # torchrun's own report follows
+    assert "Traceback" not in ranks_part(result.stdout), result.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -291,8 +327,8 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "PATH", "-x"
 
 
 def need_mpirun():
-    """Skip where Open MPI is missing, except in CI (CI=true), which installs it (.ci/run): there a skip
-    would hide a broken harness, so it fails, as the Slurm, Horovod and browser tests do."""
+    """Skip where Open MPI is missing, except in CI (CI=true), which installs it (.ci/run): there a
+    skip would hide a broken harness, so it fails, as the Slurm, Horovod and browser tests do."""
     if shutil.which("mpirun") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("CI installs Open MPI (.ci/run): mpirun is missing", pytrace=False)
@@ -300,13 +336,15 @@ def need_mpirun():
 
 
 def _mpirun(np, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "SLURM_", "OMPI_", "PMIX_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MASTER_", "SLURM_", "OMPI_", "PMIX_"))}
     return subprocess.Popen([*MPIRUN, "-np", str(np), *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def test_hello_under_real_mpirun_on_one_node():
-    """`mpirun -np 2 python lab.py` as the README writes it: ranks from OMPI_*, no MASTER_ADDR needed."""
+    """`mpirun -np 2 python lab.py` as the README writes it: ranks from OMPI_*, no MASTER_ADDR
+    needed."""
     need_mpirun()
     proc = _mpirun(2, sys.executable, str(HELLO))
     out = proc.communicate(timeout=120)[0]
@@ -326,7 +364,8 @@ def test_two_real_mpiruns_at_once_each_get_their_own_port():
 
 # ---- issue 5: the right ranks, a port per job, an address checked, a missing rank named ------
 def _launch(ranks, env_of, extra=None, script=HELLO, timeout=2 * AT_ONCE_S):
-    """Start the given ranks at once as plain processes; return [(returncode, output)] and seconds."""
+    """Start the given ranks at once as plain processes; return [(returncode, output)] and
+    seconds."""
     start = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, str(script)], cwd=ROOT, text=True,
                               env={**_clean_env(), **env_of(rank), **(extra or {})},
@@ -337,16 +376,20 @@ def _launch(ranks, env_of, extra=None, script=HELLO, timeout=2 * AT_ONCE_S):
 
 def _clean_env():
     """This process's environment without any launcher's or rendezvous variables."""
-    prefixes = ("SLURM_", "OMPI_", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_")
+    prefixes = ("SLURM_", "OMPI_", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "TORCHELASTIC_")
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
 
 
 def srun_task(job, world, nodes=1):
-    """The variables srun gives task `rank` of job `job`'s step 0 (`world` tasks on `nodes` nodes)."""
+    """The variables srun gives task `rank` of job `job`'s step 0 (`world` tasks on `nodes`
+    nodes)."""
     per_node = world // nodes
-    return lambda rank: {**slurm_vars(rank, world), "SLURM_JOB_ID": str(job), "SLURM_LOCALID": str(rank % per_node),
+    return lambda rank: {**slurm_vars(rank, world), "SLURM_JOB_ID": str(job),
+                         "SLURM_LOCALID": str(rank % per_node),
                          "SLURM_NODEID": str(rank // per_node),
-                         "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(world)}
+                         "SLURM_STEP_TASKS_PER_NODE": (f"{per_node}(x{nodes})" if nodes > 1
+                                                       else str(world))}
 
 
 def messages(results):
@@ -368,10 +411,13 @@ def test_default_port_differs_per_job_and_step_and_is_shared_by_its_ranks():
 
 
 def test_mpirun_inside_a_slurm_step_gets_the_mpi_ranks():
-    """Under mpirun inside an srun step each rank also sees the helper step's SLURM_PROCID=0 of 1."""
-    helper_step = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "900",
-                   "SLURM_STEP_NUM_TASKS": "1", "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "1"}
-    results, _ = _launch([0, 1], lambda r: {**helper_step, **ompi_vars(r, 2), "OMPI_MCA_ess_base_jobid": "55"})
+    """Under mpirun inside an srun step each rank also sees the helper step's
+    SLURM_PROCID=0 of 1."""
+    helper_step = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0",
+                   "SLURM_JOB_ID": "900", "SLURM_STEP_NUM_TASKS": "1", "SLURM_NODEID": "0",
+                   "SLURM_STEP_TASKS_PER_NODE": "1"}
+    results, _ = _launch([0, 1], lambda r: {**helper_step, **ompi_vars(r, 2),
+                                            "OMPI_MCA_ess_base_jobid": "55"})
     assert [code for code, _ in results] == [0, 0], messages(results)
     assert "hello from rank 0 of 2" in results[0][1] and "hello from rank 1 of 2" in results[1][1]
     assert "all_reduce(rank + 1) = 3" in results[0][1]
@@ -392,30 +438,37 @@ def test_an_exported_master_port_wins():
 
 
 def test_another_jobs_rendezvous_on_the_same_port_is_named(tmp_path):
-    """Job 2's tasks meet job 1's rendezvous on an exported MASTER_PORT: rank 0 cannot serve, rank 1 is told."""
+    """Job 2's tasks meet job 1's rendezvous on an exported MASTER_PORT: rank 0 cannot serve,
+    rank 1 is told."""
     import torch.distributed as dist
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False, multi_tenant=True)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+                          multi_tenant=True)
     store.set("dpcourse/owner", "slurm-1.0")  # job 1's rank 0 serves here
-    results, seconds = _launch([0, 1], srun_task(2, 2), {"MASTER_PORT": str(port), "DPCOURSE_RDZV_TIMEOUT_S": "5"})
+    results, seconds = _launch([0, 1], srun_task(2, 2),
+                               {"MASTER_PORT": str(port), "DPCOURSE_RDZV_TIMEOUT_S": "5"})
     assert [code for code, _ in results] == [1, 1] and seconds < AT_ONCE_S
     assert messages(results[:1]) == [f"[rank 0] Port {port} on 127.0.0.1 is already in use "
                                      + messages(results[:1])[0].split("already in use ", 1)[1]]
-    assert len(messages(results[1:])) == 1 and "another job's rendezvous (slurm-1.0)" in results[1][1]
+    assert len(messages(results[1:])) == 1 \
+        and "another job's rendezvous (slurm-1.0)" in results[1][1]
 
 
 def test_unresolvable_master_addr_stops_within_seconds_with_one_line():
     results, seconds = _launch([0, 1], srun_task(7304, 2), {"MASTER_ADDR": "no-such-node.invalid"})
     assert [code for code, _ in results] == [1, 1] and seconds < AT_ONCE_S
     [line] = messages(results)  # one line, from rank 0, not one per rank
-    assert line.startswith("[rank 0] MASTER_ADDR=no-such-node.invalid does not resolve") and "scontrol" in line
+    assert line.startswith("[rank 0] MASTER_ADDR=no-such-node.invalid does not resolve") \
+        and "scontrol" in line
 
 
 def test_a_rank_that_never_starts_is_named_within_the_rendezvous_timeout():
-    results, seconds = _launch([0], srun_task(7305, 3), {"DPCOURSE_RDZV_TIMEOUT_S": "3"})  # ranks 1 and 2 never start
+    # ranks 1 and 2 never start
+    results, seconds = _launch([0], srun_task(7305, 3), {"DPCOURSE_RDZV_TIMEOUT_S": "3"})
     assert results[0][0] == 1 and seconds < AT_ONCE_S
     [line] = messages(results)
-    assert line.startswith("[rank 0] ranks 1 and 2 of 3 did not join within 3 s") and "--kill-on-bad-exit=1" in line
+    assert line.startswith("[rank 0] ranks 1 and 2 of 3 did not join within 3 s") \
+        and "--kill-on-bad-exit=1" in line
 
 
 def test_ranks_whose_rank0_never_starts_say_so_within_the_timeout():
@@ -430,14 +483,17 @@ def test_missing_master_addr_is_said_once():
     results, _ = _launch([0, 1], srun_task(7307, 2, nodes=2))
     assert [code for code, _ in results] == [1, 1]
     [line] = messages(results)
-    assert line.startswith("[rank 0] Launched by srun with 2 tasks on several nodes, but MASTER_ADDR is not set")
+    assert line.startswith("[rank 0] Launched by srun with 2 tasks on several nodes, "
+                           "but MASTER_ADDR is not set")
 
 
-# ---- RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT exported by hand (notebook 05's env://, site scripts) ----
+# ---- RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT exported by hand
+# (notebook 05's env://, site scripts) ----
 def by_hand(world, port=None):
     """What a learner exports for each of `world` processes started by hand on this host."""
     port = str(port or free_port())
-    return lambda rank: {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    return lambda rank: {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": port}
 
 
 def test_ranks_started_by_hand_form_a_group():
@@ -463,20 +519,27 @@ def test_by_hand_a_rank_that_never_starts_is_named():
 
 
 def test_by_hand_without_master_port_says_what_torchrun_would_set():
-    results, _ = _launch([0, 1], lambda rank: {k: v for k, v in by_hand(2)(rank).items() if k != "MASTER_PORT"})
+    results, _ = _launch([0, 1], lambda rank: {k: v for k, v in by_hand(2)(rank).items()
+                                               if k != "MASTER_PORT"})
     assert [code for code, _ in results] == [1, 1]
     [line] = messages(results)
-    assert line.startswith("[rank 0] RANK and WORLD_SIZE are set") and "torchrun" in line and "MASTER_PORT" in line
+    assert line.startswith("[rank 0] RANK and WORLD_SIZE are set") and "torchrun" in line \
+        and "MASTER_PORT" in line
 
 
-def test_the_gpu_roll_call_takes_horovods_gather_and_stops_two_ranks_on_one_gpu(monkeypatch, capsys):
-    """fashion_horovod.py gathers the roll call with hvd.allgather_object: rank 0 prints a line per rank,
-    and two ranks on the same GPU (one UUID) end the run with the fix (torch's GPU properties faked)."""
+def test_the_gpu_roll_call_takes_horovods_gather_and_stops_two_ranks_on_one_gpu(
+        monkeypatch, capsys):
+    """fashion_horovod.py gathers the roll call with hvd.allgather_object: rank 0 prints a line per
+    rank, and two ranks on the same GPU (one UUID) end the run with the fix (torch's GPU properties
+    faked)."""
     import types
 
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(name="Fake GPU", uuid="GPU-1"))
-    env = DistEnv(rank=0, world_size=2, local_world_size=2, launcher="horovodrun", device=torch.device("cuda", 0))
-    other = lambda mine: [mine, {**mine, "rank": 1, "local_rank": 1}]  # noqa: E731 - rank 1 on the same GPU
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(name="Fake GPU", uuid="GPU-1"))
+    env = DistEnv(rank=0, world_size=2, local_world_size=2, launcher="horovodrun",
+                  device=torch.device("cuda", 0))
+    # rank 1 on the same GPU
+    other = lambda mine: [mine, {**mine, "rank": 1, "local_rank": 1}]  # noqa: E731
     with pytest.raises(CourseError, match="ranks 0 and 1 on .* share one GPU"):
         gpu_roll_call(env, gather=other)
     lines = capsys.readouterr().out.splitlines()

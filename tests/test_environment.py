@@ -41,7 +41,8 @@ def disagreements(pyproject_text: str, env_text: str) -> list[str]:
 
 
 def test_pyproject_and_environment_agree(root):
-    problems = disagreements((root / "pyproject.toml").read_text(), (root / "environment.yml").read_text())
+    problems = disagreements((root / "pyproject.toml").read_text(),
+                             (root / "environment.yml").read_text())
     assert not problems, "pyproject.toml and environment.yml disagree:\n" + "\n".join(problems)
 
 

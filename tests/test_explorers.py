@@ -1,9 +1,10 @@
 """The explorers (notebooks 01, 04, 08, 13) can fail under test.
 
-An explorer draws inside ``with out:`` (an ipywidgets ``Output``), and in a kernel ``Output`` shows an
-error raised there in its output area and swallows it: a notebook's explorer cell passed nbval and
-`make course` whatever its drawing raised. A learner moving a slider needs that output area (a slider's
-callback has no cell to fail); under test (pytest, nbval, dpcourse.course.execute) the error is raised.
+An explorer draws inside ``with out:`` (an ipywidgets ``Output``), and in a kernel ``Output`` shows
+an error raised there in its output area and swallows it: a notebook's explorer cell passed nbval
+and `make course` whatever its drawing raised. A learner moving a slider needs that output area (a
+slider's callback has no cell to fail); under test (pytest, nbval, dpcourse.course.execute) the
+error is raised.
 
 No notebook runs here but one of a single cell: ``Output`` is given what it finds in a kernel
 (``get_ipython()``), and matplotlib's ``subplots`` a bug.
@@ -35,8 +36,8 @@ EXPLORERS = {
                                  lambda box: setattr(box.children[0].children[0], "value", 8)),
     "08 learning-rate rules": (lambda: widgets.lr_rules_explorer(base_lr=0.15, epochs=2),
                                lambda box: setattr(box.children[0].children[1], "value", 4)),
-    "13 memory per worker": (lambda: widgets.memory_explorer(model="GPT-3", world_size=64, gpu="A100 80 GB",
-                                                            precision="mixed"),
+    "13 memory per worker": (lambda: widgets.memory_explorer(model="GPT-3", world_size=64,
+                                                            gpu="A100 80 GB", precision="mixed"),
                              lambda box: setattr(box.children[1].children[1], "value", 16)),
 }
 def explorers():
@@ -44,7 +45,8 @@ def explorers():
 
 
 class Kernel:
-    """What ``Output`` finds as ``get_ipython()`` in a notebook's kernel: it shows an error there."""
+    """What ``Output`` finds as ``get_ipython()`` in a notebook's kernel:
+    it shows an error there."""
 
     kernel = None  # (a real kernel's messages are not needed here)
 
@@ -75,9 +77,10 @@ def broken_drawing(monkeypatch):
 
 
 def run_as(who, monkeypatch):
-    """The environment of the explorer's kernel: under nbval a kernel inherits pytest's PYTEST_CURRENT_TEST;
-    dpcourse.course.execute sets DPCOURSE_UNDER_TEST; in JupyterLab (a learner) neither is set. (Called in the
-    test itself: pytest sets PYTEST_CURRENT_TEST again as each phase of a test begins.)"""
+    """The environment of the explorer's kernel: under nbval a kernel inherits pytest's
+    PYTEST_CURRENT_TEST; dpcourse.course.execute sets DPCOURSE_UNDER_TEST; in JupyterLab (a learner)
+    neither is set. (Called in the test itself: pytest sets PYTEST_CURRENT_TEST again as each phase
+    of a test begins.)"""
     monkeypatch.delenv(UNDER_TEST, raising=False)
     if who != "pytest or nbval":
         monkeypatch.delenv("PYTEST_CURRENT_TEST")
@@ -120,8 +123,8 @@ def test_a_learner_sees_the_drawings_error_in_the_output_area(name, kernel, monk
 
 
 def test_a_notebook_whose_explorer_fails_fails_in_make_course(tmp_path):
-    """dpcourse.course.execute (make course, make check, and the build/ copies nbval compares) runs its kernels
-    under test: a drawing's error fails the cell."""
+    """dpcourse.course.execute (make course, make check, and the build/ copies nbval compares) runs
+    its kernels under test: a drawing's error fails the cell."""
     from dpcourse.course import execute
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(

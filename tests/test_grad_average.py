@@ -22,7 +22,8 @@ def records(path):
 
 @pytest.mark.parametrize("nproc", [1, 3])
 def test_the_identity_holds(nproc, tmp_path, fashion_root):
-    """all_reduce(SUM)/K of the shard gradients = the whole batch's gradient, ≤ 1e-6, every rank alike."""
+    """all_reduce(SUM)/K of the shard gradients = the whole batch's gradient, ≤ 1e-6, every rank
+    alike."""
     log = tmp_path / "log.jsonl"
     args = ["--data-root", fashion_root, "--log-json", log]
     cmd = [sys.executable, SOLUTION, *args] if nproc == 1 else torchrun_cmd(nproc, SOLUTION, *args)
@@ -35,7 +36,8 @@ def test_the_identity_holds(nproc, tmp_path, fashion_root):
 
 
 def test_where_it_breaks(tmp_path, fashion_root):
-    """--case all on 2 ranks: each assumption broken gives a real error, each repair restores ≤ 1e-6."""
+    """--case all on 2 ranks: each assumption broken gives a real error, each repair restores
+    ≤ 1e-6."""
     log = tmp_path / "log.jsonl"
     result = run(torchrun_cmd(2, SOLUTION, "--case", "all", "--shards", "50,190",
                               "--data-root", fashion_root, "--log-json", log), timeout=180)
@@ -43,7 +45,8 @@ def test_where_it_breaks(tmp_path, fashion_root):
     by_case = {}
     for r in records(log):
         by_case.setdefault(r["case"], []).append(r)
-    assert list(by_case) == ["average", "float32", "unequal", "sum", "batchnorm", "dropout"], list(by_case)
+    assert list(by_case) == ["average", "float32", "unequal", "sum", "batchnorm", "dropout"], \
+        list(by_case)
     assert all(r["ranks_max_diff"] == 0.0 for r in records(log)), "ranks must always agree"
 
     (avg,) = by_case["average"]
@@ -57,7 +60,8 @@ def test_where_it_breaks(tmp_path, fashion_root):
     assert weighted["holds"] and weighted["max_rel_error"] <= 1e-6, weighted
 
     vs_mean, vs_sum = by_case["sum"]
-    assert vs_mean["ratio"] == pytest.approx(120, rel=1e-9), "a sum loss averaged: n/K times the mean gradient"
+    assert vs_mean["ratio"] == pytest.approx(120, rel=1e-9), \
+        "a sum loss averaged: n/K times the mean gradient"
     assert not vs_mean["holds"] and vs_sum["holds"] and vs_sum["max_rel_error"] <= 1e-6
 
     per_rank, synced = by_case["batchnorm"]
@@ -72,16 +76,19 @@ def test_where_it_breaks(tmp_path, fashion_root):
 
 
 def test_bad_shards_end_in_one_line(fashion_root):
-    result = run(torchrun_cmd(2, SOLUTION, "--batch", "241", "--data-root", fashion_root), timeout=90)
+    result = run(torchrun_cmd(2, SOLUTION, "--batch", "241", "--data-root", fashion_root),
+                 timeout=90)
     assert result.returncode != 0
-    assert "--batch 241 does not split into 2 equal shards: use a multiple of 2, e.g. --batch 240." in result.stdout
+    assert ("--batch 241 does not split into 2 equal shards: use a multiple of 2, e.g. --batch 240."
+            in result.stdout)
     assert "Traceback" not in result.stdout.split("does not split")[0]
 
 
 def test_student_copy_stops_at_its_stub(fashion_root):
     result = run(torchrun_cmd(2, STUDENT, "--data-root", fashion_root), timeout=90)
     assert result.returncode != 0
-    assert "average_gradients is not done yet — NotImplementedError: Exercise: see the hint above" in result.stdout
+    assert ("average_gradients is not done yet — NotImplementedError: Exercise: see the hint above"
+            in result.stdout)
     assert result.stdout.count("not done yet") == 1, "rank 0 says it, once"
 
 

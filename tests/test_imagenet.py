@@ -27,10 +27,11 @@ SMALL = ["--arch", "resnet18", "--image-size", "48", "--batch-size", "16", "--wo
 def tree(tmp_path_factory):
     """{'folders': root, 'shards': root}: the default tree of make-imagefolder, and its shards."""
     top = tmp_path_factory.mktemp("imagenet")
-    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-imagefolder", top / "folders"])
+    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-imagefolder",
+                top / "folders"])
     assert made.returncode == 0 and "10 classes" in made.stdout, made.stdout
-    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-shards", top / "folders", top / "shards",
-                  "--shard-size", "50"])
+    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-shards", top / "folders",
+                  top / "shards", "--shard-size", "50"])
     assert packed.returncode == 0, packed.stdout
     return {"folders": top / "folders", "shards": top / "shards"}
 
@@ -44,14 +45,16 @@ def lab(nproc, *args, timeout=240, script=LAB):
 
 # ------------------------------------------------------------------------------ the data layer
 def test_generated_tree_is_imagenet_shaped_and_reproducible(tree, tmp_path):
-    train = sorted(p.relative_to(tree["folders"]) for p in (tree["folders"] / "train").rglob("*.JPEG"))
+    train = sorted(p.relative_to(tree["folders"])
+                   for p in (tree["folders"] / "train").rglob("*.JPEG"))
     val = list((tree["folders"] / "val").rglob("*.JPEG"))
     assert len(train) == 200 and len(val) == 100
     assert len({p.parent for p in train}) == 10  # one folder per class
     again = images.make_imagefolder(tmp_path / "again", classes=10, per_class=2, val_per_class=1)
     first = tree["folders"] / "train" / images.class_names(10)[3]
     assert (again / "train" / first.name / "train_03_00001.JPEG").read_bytes() == \
-        (first / "train_03_00001.JPEG").read_bytes(), "the same arguments must write the same images"
+        (first / "train_03_00001.JPEG").read_bytes(), \
+        "the same arguments must write the same images"
 
 
 def test_shards_hold_every_image_once_with_its_label(tree):
@@ -62,10 +65,13 @@ def test_shards_hold_every_image_once_with_its_label(tree):
         by_bytes = {bytes(folder.read(i).numpy()): folder.targets[i] for i in range(len(folder))}
         seen = [(bytes(shards.read(i).numpy()), shards.targets[i]) for i in range(len(shards))]
         assert len({b for b, _ in seen}) == len(folder), f"{split}: an image is missing or twice"
-        assert all(by_bytes.get(b) == t for b, t in seen), f"{split}: a shard image has another label"
-        assert shards.targets[:10] != sorted(shards.targets[:10]) or len(set(shards.targets[:50])) > 1, \
+        assert all(by_bytes.get(b) == t for b, t in seen), \
+            f"{split}: a shard image has another label"
+        assert (shards.targets[:10] != sorted(shards.targets[:10])
+                or len(set(shards.targets[:50])) > 1), \
             "the shards are not shuffled: a shard would hold one class"
-    with tarfile.open(tree["shards"] / "train" / "shard-000000.tar") as tar:  # WebDataset's convention
+    # WebDataset's convention
+    with tarfile.open(tree["shards"] / "train" / "shard-000000.tar") as tar:
         names = tar.getnames()
         assert names[:2] == ["train_00000000.jpg", "train_00000000.cls"] and len(names) == 100
         label = int(tar.extractfile(names[1]).read())
@@ -103,8 +109,10 @@ def test_a_missing_or_empty_data_root_is_one_clear_message(tmp_path):
         result, _ = lab(2, *SMALL, *args, timeout=120)
         assert result.returncode != 0
         ranks = ranks_part(result.stdout)  # before torchrun's own report
-        assert "make-imagefolder data/imagenet-mini" in ranks and "Traceback" not in ranks, result.stdout
-        assert result.stdout.count("make-imagefolder data/imagenet-mini") == 1, "more than one rank said it"
+        assert "make-imagefolder data/imagenet-mini" in ranks and "Traceback" not in ranks, \
+            result.stdout
+        assert result.stdout.count("make-imagefolder data/imagenet-mini") == 1, \
+            "more than one rank said it"
 
 
 def test_a_misspelt_architecture_is_one_line(tree):
@@ -115,27 +123,34 @@ def test_a_misspelt_architecture_is_one_line(tree):
 
 
 def test_an_unfinished_exercise_of_the_learners_lab_is_one_line(tree):
-    """labs/imagenet_ddp.py as `make student` writes it: every rank meets the stub; rank 0 says where, once."""
-    result, _ = lab(2, *SMALL, "--data-root", tree["folders"], timeout=120, script=ROOT / "labs" / "imagenet_ddp.py")
+    """labs/imagenet_ddp.py as `make student` writes it: every rank meets the stub; rank 0 says
+    where, once."""
+    result, _ = lab(2, *SMALL, "--data-root", tree["folders"], timeout=120,
+                    script=ROOT / "labs" / "imagenet_ddp.py")
     assert result.returncode != 0
     ranks = ranks_part(result.stdout)
-    assert "Traceback" not in ranks and ranks.count("This exercise of the lab is not done yet") == 1, result.stdout
-    assert re.search(r'File "[^"]*imagenet_ddp.py", line \d+, in param_groups: Exercise: see the hint above', ranks)
+    assert ("Traceback" not in ranks
+            and ranks.count("This exercise of the lab is not done yet") == 1), result.stdout
+    assert re.search(r'File "[^"]*imagenet_ddp.py", line \d+, in param_groups: '
+                     r'Exercise: see the hint above', ranks)
 
 
 # ------------------------------------------------------------------------------- the lab
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["folders", "shards"])
 def test_two_processes_learn_and_count_every_validation_image_once(tree, layout, tmp_path):
-    result, log = lab(2, *SMALL, "--data-root", tree[layout], "--epochs", "4", "--log-json", tmp_path / "log.jsonl")
+    result, log = lab(2, *SMALL, "--data-root", tree[layout], "--epochs", "4",
+                      "--log-json", tmp_path / "log.jsonl")
     assert result.returncode == 0, result.stdout
     done = log[-1]
-    assert done["event"] == "done" and done["world_size"] == 2 and done["step"] == 4 * 6, result.stdout
+    assert (done["event"] == "done" and done["world_size"] == 2
+            and done["step"] == 4 * 6), result.stdout
     assert done["test_images"] == 100  # 50 per rank, none twice, none left out
     assert done["data"] == {"folders": "JpegFolder", "shards": "TarShards"}[layout]
     assert done["test_accuracy"] >= 0.4, f"no better than guessing (0.1): {done}"
     assert done["test_top5"] >= done["test_accuracy"]
-    assert done["samples_per_s_per_worker"] * 2 == pytest.approx(done["samples_per_s"], abs=0.2)  # rounded to 0.1
+    # rounded to 0.1
+    assert done["samples_per_s_per_worker"] * 2 == pytest.approx(done["samples_per_s"], abs=0.2)
     assert 0 <= done["data_wait"] < 1 and done["flops_per_image"] > 1e8
     assert [r["epoch"] for r in log if r["event"] == "epoch"] == [1, 2, 3, 4]
     print(f"{layout}: top-1 {done['test_accuracy']:.2f}, top-5 {done['test_top5']:.2f}, "
@@ -144,12 +159,14 @@ def test_two_processes_learn_and_count_every_validation_image_once(tree, layout,
 
 @pytest.mark.slow
 def test_resume_mid_epoch_is_bit_identical_to_an_uninterrupted_run(tree, tmp_path):
-    common = [*SMALL, "--data-root", tree["folders"], "--epochs", "2", "--deterministic", "--no-eval"]
+    common = [*SMALL, "--data-root", tree["folders"], "--epochs", "2", "--deterministic",
+              "--no-eval"]
     full, _ = lab(2, *common, "--save-model", tmp_path / "full.pt")
     part, _ = lab(2, *common, "--max-steps", "8", "--checkpoint-dir", tmp_path / "ck")
-    rest, log = lab(2, *common, "--resume", tmp_path / "ck" / "last.pt", "--save-model", tmp_path / "resumed.pt",
-                    "--log-json", tmp_path / "log.jsonl")
-    assert full.returncode == part.returncode == rest.returncode == 0, full.stdout + part.stdout + rest.stdout
+    rest, log = lab(2, *common, "--resume", tmp_path / "ck" / "last.pt",
+                    "--save-model", tmp_path / "resumed.pt", "--log-json", tmp_path / "log.jsonl")
+    assert full.returncode == part.returncode == rest.returncode == 0, \
+        full.stdout + part.stdout + rest.stdout
     assert "resumed at step 8" in rest.stdout, rest.stdout  # mid-epoch 2: 6 steps per epoch
     a, b = torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "resumed.pt")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ended with other weights"
@@ -158,10 +175,12 @@ def test_resume_mid_epoch_is_bit_identical_to_an_uninterrupted_run(tree, tmp_pat
 
 @pytest.mark.slow
 def test_synthetic_images_measure_compute_alone(tmp_path):
-    result, log = lab(1, "--synthetic", "--arch", "resnet18", "--image-size", "32", "--batch-size", "8",
-                      "--max-steps", "6", "--log-every", "3", "--classes", "10", "--log-json", tmp_path / "log.jsonl")
+    result, log = lab(1, "--synthetic", "--arch", "resnet18", "--image-size", "32",
+                      "--batch-size", "8", "--max-steps", "6", "--log-every", "3",
+                      "--classes", "10", "--log-json", tmp_path / "log.jsonl")
     assert result.returncode == 0, result.stdout
-    assert log[-1]["data"] == "synthetic" and log[-1]["stop"] == "max_steps" and log[-1]["samples_per_s"] > 0
+    assert (log[-1]["data"] == "synthetic" and log[-1]["stop"] == "max_steps"
+            and log[-1]["samples_per_s"] > 0)
     assert "test_accuracy" not in log[-1]
 
 
@@ -172,34 +191,46 @@ def test_imagenet_template_runs_on_two_nodes(slurm, tree, layout, tmp_path):
     runs, local = tmp_path / "runs", tmp_path / "local"
     t0 = time.monotonic()
     job = slurm.sbatch(ROOT / "slurm" / "imagenet.sbatch", *localslurm.FIT,
-                       args=[*SMALL, "--epochs", "2", "--batch-size", "8", *localslurm.ON_THE_CPU],  # 4 ranks × 8
-                       timeout=300, env={"RUNS": str(runs), "IMAGENET": str(tree[layout]), "LOCAL_DATA": str(local)})
+                       args=[*SMALL, "--epochs", "2", "--batch-size", "8",  # 4 ranks × 8
+                             *localslurm.ON_THE_CPU],
+                       timeout=300, env={"RUNS": str(runs), "IMAGENET": str(tree[layout]),
+                                         "LOCAL_DATA": str(local)})
     seconds = time.monotonic() - t0
     assert job.returncode == 0, job.log + job.output
     done = read_log(runs / "log.jsonl")[-1]
-    assert done["event"] == "done" and done["world_size"] == 4 and done["test_images"] == 100, job.output
-    assert "[rank0]:step 12: top-1" in job.output, job.output  # rank 0's last line, in the job's log
+    assert (done["event"] == "done" and done["world_size"] == 4
+            and done["test_images"] == 100), job.output
+    # rank 0's last line, in the job's log
+    assert "[rank0]:step 12: top-1" in job.output, job.output
     assert (local / images.STAGED).exists(), "the data was not staged to node-local disk"
-    assert f"LOCAL_DATA={local} is not a node-local folder named for this job" in job.output, job.output  # so it is left in place
+    # so it is left in place
+    assert f"LOCAL_DATA={local} is not a node-local folder named for this job" in job.output, \
+        job.output
     assert (runs / "last.pt").exists()
-    print(f"imagenet.sbatch from {layout}: world size 4 on 2 nodes, {seconds:.1f} s from sbatch to the end")
+    print(f"imagenet.sbatch from {layout}: world size 4 on 2 nodes, "
+          f"{seconds:.1f} s from sbatch to the end")
 
 
 # ------------------------------------------------------------------ node-local copies (issue 24)
-def test_a_staged_copy_is_listed_from_its_stage_record_as_imagefolder_lists_it(tree, tmp_path, monkeypatch):
-    """Every rank of a node reads the file list stage() wrote once, instead of walking a million files."""
+def test_a_staged_copy_is_listed_from_its_stage_record_as_imagefolder_lists_it(tree, tmp_path,
+                                                                                monkeypatch):
+    """Every rank of a node reads the file list stage() wrote once, instead of walking a million
+    files."""
     from torchvision.datasets import ImageFolder
 
     staged = images.stage(tree["folders"], tmp_path / "local")
     expected = ImageFolder(staged / "train")
-    (staged / "train" / expected.classes[0] / "notes.txt").write_text("not an image")  # after staging: not listed
+    # after staging: not listed
+    (staged / "train" / expected.classes[0] / "notes.txt").write_text("not an image")
 
     def no_walk(*_, **__):
         raise AssertionError("the tree was walked")
     monkeypatch.setattr(os, "walk", no_walk)
     listed = images.JpegFolder(staged / "train", train=True, size=32)
-    assert list(zip(listed.files, listed.targets)) == expected.samples and listed.classes == expected.classes
-    with pytest.raises(AssertionError, match="walked"):  # a tree that was not staged is walked, as before
+    assert (list(zip(listed.files, listed.targets)) == expected.samples
+            and listed.classes == expected.classes)
+    # a tree that was not staged is walked, as before
+    with pytest.raises(AssertionError, match="walked"):
         images.JpegFolder(tree["folders"] / "train", train=True, size=32)
 
 
@@ -209,31 +240,39 @@ def test_staging_onto_a_tmpfs_too_small_fails_before_copying(tree, tmp_path):
     small.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)],
+                             capture_output=True, text=True)
     assert mounted.returncode == 0, mounted.stderr
     try:
         with pytest.raises(CourseError) as err:
             images.stage(tree["shards"], small / "imagenet")
         message = str(err.value)
-        assert message.startswith("stage: ") and " to copy to " in message and "(a tmpfs: RAM" in message, message
+        assert (message.startswith("stage: ") and " to copy to " in message
+                and "(a tmpfs: RAM" in message), message
         assert not any((small / "imagenet").rglob("*")), "something was copied"
     finally:
         subprocess.run(["umount", str(small)], check=False)
 
 
-def test_staging_onto_a_tmpfs_beyond_the_jobs_memory_limit_fails_before_copying(tree, tmp_path, monkeypatch):
-    """The tmpfs has room (the node's RAM), but the job's cgroup may use less than the copy needs."""
+def test_staging_onto_a_tmpfs_beyond_the_jobs_memory_limit_fails_before_copying(tree, tmp_path,
+                                                                                 monkeypatch):
+    """The tmpfs has room (the node's RAM), but the job's cgroup may use less than the copy
+    needs."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     roomy = tmp_path / "roomy"
     roomy.mkdir()
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(roomy)]).returncode == 0
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs",
+                           str(roomy)]).returncode == 0
     try:
-        monkeypatch.setattr(images, "memory_left", lambda: 10_000)  # what the job's cgroup would leave
-        with pytest.raises(CourseError, match=r"is a tmpfs \(RAM\), and the job's memory limit leaves 0.0 MB"):
+        # what the job's cgroup would leave
+        monkeypatch.setattr(images, "memory_left", lambda: 10_000)
+        with pytest.raises(CourseError,
+                           match=r"is a tmpfs \(RAM\), and the job's memory limit leaves 0.0 MB"):
             images.stage(tree["shards"], roomy / "imagenet")
         assert not any((roomy / "imagenet").rglob("*")), "something was copied"
-        monkeypatch.setattr(images, "memory_left", lambda: None)  # no limit known: the tmpfs's own room decides
+        # no limit known: the tmpfs's own room decides
+        monkeypatch.setattr(images, "memory_left", lambda: None)
         images.stage(tree["shards"], roomy / "imagenet")
     finally:
         subprocess.run(["umount", str(roomy)], check=False)

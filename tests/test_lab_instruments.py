@@ -14,7 +14,8 @@ from dpcourse.optim import LARS
 from test_fashion_ddp import LAB, lab
 
 pytestmark = pytest.mark.slow
-PARAM_BYTES = 4 * sum(p.numel() for p in FashionCNN().parameters())  # float32 gradients, one per weight
+# float32 gradients, one per weight
+PARAM_BYTES = 4 * sum(p.numel() for p in FashionCNN().parameters())
 PHASES = {"data", "forward", "backward", "allreduce", "optimizer"}
 
 
@@ -24,8 +25,9 @@ def timed(records):
 
 def test_time_split_bytes_buckets_trace_and_lr_scaling(tmp_path, fashion_root):
     trace = tmp_path / "trace.json"
-    result, log = lab(2, "--batch-size", "96", "--lr-scaling", "linear", "--max-steps", "12", "--no-eval",
-                      "--log-every", "6", "--time-split", "--bucket-cap-mb", "0.02", "--profile-trace", trace)
+    result, log = lab(2, "--batch-size", "96", "--lr-scaling", "linear", "--max-steps", "12",
+                      "--no-eval", "--log-every", "6", "--time-split", "--bucket-cap-mb", "0.02",
+                      "--profile-trace", trace)
     assert result.returncode == 0, result.stdout
     assert log[0]["peak_lr"] == pytest.approx(0.15 * 2 * 96 / 128)  # linear in the GLOBAL batch
     records = timed(log)
@@ -42,39 +44,47 @@ def test_time_split_bytes_buckets_trace_and_lr_scaling(tmp_path, fashion_root):
 
 
 def test_one_bucket_by_default_and_fp16_halves_the_bytes(fashion_root):
-    result, log = lab(2, "--max-steps", "6", "--no-eval", "--log-every", "3", "--time-split", "--comm-hook", "fp16")
+    result, log = lab(2, "--max-steps", "6", "--no-eval", "--log-every", "3", "--time-split",
+                      "--comm-hook", "fp16")
     assert result.returncode == 0, result.stdout
     assert [(r["comm_bytes"], r["buckets"]) for r in timed(log)] == [(PARAM_BYTES // 2, 1)] * 2
 
 
-def test_powersgd_sends_a_fraction_after_its_start_and_on_cpu_ranks_wants_no_gpu_visible(tmp_path, fashion_root):
-    """PyTorch's PowerSGD hook synchronizes any GPU it sees, even for CPU gradients ("Expected a cuda device,
-    but got: cpu"; two CPU ranks on an H100 node, notebook 08 there). Where one is visible, --device cpu with
-    PowerSGD stops with one line; hidden (CUDA_VISIBLE_DEVICES=), it runs. tests/helpers/sees_a_gpu.py fakes it."""
+def test_powersgd_sends_a_fraction_after_its_start_and_on_cpu_ranks_wants_no_gpu_visible(
+        tmp_path, fashion_root):
+    """PyTorch's PowerSGD hook synchronizes any GPU it sees, even for CPU gradients ("Expected a
+    cuda device, but got: cpu"; two CPU ranks on an H100 node, notebook 08 there). Where one is
+    visible, --device cpu with PowerSGD stops with one line; hidden (CUDA_VISIBLE_DEVICES=), it
+    runs. tests/helpers/sees_a_gpu.py fakes it."""
     log_file = tmp_path / "log.jsonl"
-    cmd = torchrun_cmd(2, ROOT / "tests/helpers/sees_a_gpu.py", LAB, "--device", "cpu", "--max-steps", "8", "--no-eval",
-                       "--log-every", "4", "--time-split", "--comm-hook", "powersgd", "--powersgd-start", "4",
-                       "--log-json", log_file)
+    cmd = torchrun_cmd(2, ROOT / "tests/helpers/sees_a_gpu.py", LAB, "--device", "cpu",
+                       "--max-steps", "8", "--no-eval", "--log-every", "4", "--time-split",
+                       "--comm-hook", "powersgd", "--powersgd-start", "4", "--log-json", log_file)
     seen = run(cmd, timeout=180, env={"CUDA_VISIBLE_DEVICES": "0"})
-    said = [line for line in seen.stdout.splitlines() if "--comm-hook powersgd on the CPU where a GPU is visible" in line]
-    assert seen.returncode != 0 and len(said) == 1 and "CUDA_VISIBLE_DEVICES= torchrun" in said[0], seen.stdout
+    said = [line for line in seen.stdout.splitlines()
+            if "--comm-hook powersgd on the CPU where a GPU is visible" in line]
+    assert (seen.returncode != 0 and len(said) == 1
+            and "CUDA_VISIBLE_DEVICES= torchrun" in said[0]), seen.stdout
     result = run(cmd, timeout=180, env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stdout
     log = read_log(log_file)
     plain, compressed = [r["comm_bytes"] for r in timed(log)]
     assert plain == PARAM_BYTES  # the first steps: plain all-reduce
-    assert compressed < PARAM_BYTES / 4  # rank-1 factors of the weight matrices, small tensors as they are
+    # rank-1 factors of the weight matrices, small tensors as they are
+    assert compressed < PARAM_BYTES / 4
 
 
 def test_accumulation_with_no_sync_gives_the_same_weights(tmp_path, fashion_root):
     common = ["--batch-size", "64", "--deterministic", "--max-steps", "5", "--no-eval"]
-    runs = {a: lab(2, *common, "--accumulate", a, "--save-model", tmp_path / f"a{a}.pt")[0] for a in ("1", "4")}
+    runs = {a: lab(2, *common, "--accumulate", a, "--save-model", tmp_path / f"a{a}.pt")[0]
+            for a in ("1", "4")}
     assert all(r.returncode == 0 for r in runs.values()), [r.stdout for r in runs.values()]
     a, b = torch.load(tmp_path / "a1.pt"), torch.load(tmp_path / "a4.pt")
     rel = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
     assert rel <= 1e-10, f"4 micro-batches and one all-reduce should equal one batch: {rel:.1e}"
     bad, _ = lab(2, "--batch-size", "64", "--accumulate", "5", "--max-steps", "1")
-    assert bad.returncode != 0 and "--accumulate 5 does not split the per-worker batch 64" in bad.stdout
+    assert (bad.returncode != 0
+            and "--accumulate 5 does not split the per-worker batch 64" in bad.stdout)
 
 
 @pytest.mark.parametrize("steps, synced", [("19", True), ("20", False)])
@@ -104,9 +114,9 @@ def test_lars_scales_each_weight_matrix_by_its_trust_ratio():
 
 
 def test_the_step_timer_wraps_the_collectives_only_while_a_step_is_open():
-    """StepTimer counts the bytes of torch.distributed's collectives by wrapping them: from start() to stop()
-    only, with torch's own functions back after each step, after close(), and on leaving a with block;
-    a disabled timer wraps nothing."""
+    """StepTimer counts the bytes of torch.distributed's collectives by wrapping them: from start()
+    to stop() only, with torch's own functions back after each step, after close(), and on leaving a
+    with block; a disabled timer wraps nothing."""
     import torch.distributed as dist
 
     from dpcourse.metrics import StepTimer
@@ -134,4 +144,5 @@ def test_the_step_timer_wraps_the_collectives_only_while_a_step_is_open():
     off.start()
     assert wrapped() == [], "a disabled timer wrapped the collectives"
     off.stop()
-    assert timer.steps == 2 and set(timer.report()["split_ms"]) == {"forward"} and off.report() == {}
+    assert (timer.steps == 2 and set(timer.report()["split_ms"]) == {"forward"}
+            and off.report() == {})

@@ -1,12 +1,12 @@
-"""Every distributed call in the labs carries its mark: the course's rule is that each line that exists
-because of distribution says why, in a comment `# DDP: <reason>` (`# FSDP: …`, `# Horovod: …` where
-those apply), on the line itself or on a comment-only line directly above.
+"""Every distributed call in the labs carries its mark: the course's rule is that each line that
+exists because of distribution says why, in a comment `# DDP: <reason>` (`# FSDP: …`, `# Horovod: …`
+where those apply), on the line itself or on a comment-only line directly above.
 
-The calls are found with tokenize, so strings, docstrings and comments never count: `dist.<name>…(` and
-`hvd.<name>…(` (not `dist.ReduceOp.SUM`, not a bare `hvd.allgather_object` passed as a value), `DDP(`,
-`DistributedSampler(`, `.set_epoch(`, `set_device(`, `fully_shard(` and `.no_sync(`; import lines never
-count. A call inside an f-string's replacement field counts (on every Python: before 3.12 tokenize
-gives an f-string as one STRING token, so its fields are tokenized here one by one).
+The calls are found with tokenize, so strings, docstrings and comments never count: `dist.<name>…(`
+and `hvd.<name>…(` (not `dist.ReduceOp.SUM`, not a bare `hvd.allgather_object` passed as a value),
+`DDP(`, `DistributedSampler(`, `.set_epoch(`, `set_device(`, `fully_shard(` and `.no_sync(`; import
+lines never count. A call inside an f-string's replacement field counts (on every Python: before
+3.12 tokenize gives an f-string as one STRING token, so its fields are tokenized here one by one).
 
 Light by design: it reads the labs' text, imports neither torch nor the labs."""
 from __future__ import annotations
@@ -22,14 +22,16 @@ LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
 MARK = re.compile(r"#\s*(DDP|FSDP|Horovod):\s*\S")
 BARE = re.compile(r"#\s*(DDP|FSDP|Horovod)\b(?!:\s*\S)")  # a mark without its colon and reason
-SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
-        tokenize.ENDMARKER}
+SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+        tokenize.ENCODING, tokenize.ENDMARKER}
 MODULES = {"dist", "hvd"}  # dist.<name>…( and hvd.<name>…(
 CALLED = {"DDP", "DistributedSampler", "set_device", "fully_shard"}  # NAME(
 METHODS = {"set_epoch", "no_sync"}  # .NAME(
-# Calls the patterns catch that distribution does not explain, each with why (lab: its code, as it begins).
+# Calls the patterns catch that distribution does not explain, each with why (lab: its code, as it
+# begins).
 NOT_DISTRIBUTED = {
-    # the ImageNet dataset's own set_epoch: new random crops each epoch, as in one process (the sampler's is marked)
+    # the ImageNet dataset's own set_epoch: new random crops each epoch, as in one process (the
+    # sampler's is marked)
     "imagenet_ddp.py": ["self.train_set.set_epoch(epoch)"],
 }
 
@@ -39,18 +41,21 @@ def _is_fstring(tok: tokenize.TokenInfo) -> bool:
 
 
 def _fields(fstring: str) -> list[str]:
-    """The source of each replacement field of an f-string literal (Python < 3.12 tokenizes it whole)."""
+    """The source of each replacement field of an f-string literal (Python < 3.12 tokenizes it
+    whole)."""
     return [ast.unparse(node.value) for node in ast.walk(ast.parse(fstring, mode="eval"))
             if isinstance(node, ast.FormattedValue)]
 
 
 def _has_call(toks: list[tokenize.TokenInfo]) -> list[tokenize.TokenInfo]:
-    """The tokens (of one logical line, comments and line breaks left out) where a distributed call starts."""
+    """The tokens (of one logical line, comments and line breaks left out) where a distributed call
+    starts."""
     found = []
     for i, tok in enumerate(toks):
         if _is_fstring(tok):
             for field in _fields(tok.string):
-                inner = [t for t in tokenize.generate_tokens(io.StringIO(field).readline) if t.type not in SKIP]
+                inner = [t for t in tokenize.generate_tokens(io.StringIO(field).readline)
+                         if t.type not in SKIP]
                 if _has_call(inner):
                     found.append(tok)
             continue
@@ -72,11 +77,12 @@ def _has_call(toks: list[tokenize.TokenInfo]) -> list[tokenize.TokenInfo]:
 
 
 def unmarked_calls(source: str) -> list[tuple[int, str]]:
-    """(line, code) of every distributed call whose statement has no mark: none on any of its lines, and
-    none on a comment-only line directly above its first line."""
+    """(line, code) of every distributed call whose statement has no mark: none on any of its
+    lines, and none on a comment-only line directly above its first line."""
     lines = source.splitlines()
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    marks = {tok.start[0] for tok in tokens if tok.type == tokenize.COMMENT and MARK.search(tok.string)}
+    marks = {tok.start[0] for tok in tokens
+             if tok.type == tokenize.COMMENT and MARK.search(tok.string)}
     mark_only = {row for row in marks if lines[row - 1].lstrip().startswith("#")}
     found, statement = {}, []
     for tok in tokens:
@@ -102,7 +108,8 @@ def bare_marks(source: str) -> list[tuple[int, str]]:
 
 def _offences(check, excused=lambda lab, code: False) -> list[str]:
     assert LABS, "no solutions/labs/*.py found"
-    return [f"{lab.relative_to(ROOT)}:{line}: {code}" for lab in LABS for line, code in check(lab.read_text())
+    return [f"{lab.relative_to(ROOT)}:{line}: {code}"
+            for lab in LABS for line, code in check(lab.read_text())
             if not excused(lab.name, code)]
 
 
@@ -112,22 +119,26 @@ def _not_distributed(lab: str, code: str) -> bool:
 
 def test_every_distributed_call_is_marked_with_its_reason():
     offences = _offences(unmarked_calls, excused=_not_distributed)
-    assert not offences, ("these distributed calls carry no `# DDP: <reason>` (`# FSDP:`, `# Horovod:`) mark, "
-                          "on their line or a comment-only line directly above:\n" + "\n".join(offences))
+    assert not offences, ("these distributed calls carry no `# DDP: <reason>` (`# FSDP:`, "
+                          "`# Horovod:`) mark, on their line or a comment-only line directly "
+                          "above:\n" + "\n".join(offences))
 
 
 def test_the_exceptions_are_still_there():
-    """Each NOT_DISTRIBUTED call still stands, unmarked, in its lab: a stale entry would excuse a new call."""
+    """Each NOT_DISTRIBUTED call still stands, unmarked, in its lab: a stale entry would excuse a
+    new call."""
     for lab, calls in NOT_DISTRIBUTED.items():
-        found = [code for _, code in unmarked_calls((ROOT / "solutions" / "labs" / lab).read_text())]
+        found = [code for _, code in
+                 unmarked_calls((ROOT / "solutions" / "labs" / lab).read_text())]
         for call in calls:
-            assert any(code.startswith(call) for code in found), f"solutions/labs/{lab}: no unmarked {call} any more"
+            assert any(code.startswith(call) for code in found), \
+                f"solutions/labs/{lab}: no unmarked {call} any more"
 
 
 def test_no_mark_lacks_its_reason():
     offences = _offences(bare_marks)
-    assert not offences, ("these comments hold a bare mark: write `# DDP: <reason>` (`# FSDP:`, `# Horovod:`):\n"
-                          + "\n".join(offences))
+    assert not offences, ("these comments hold a bare mark: write `# DDP: <reason>` "
+                          "(`# FSDP:`, `# Horovod:`):\n" + "\n".join(offences))
 
 
 SAMPLE = '''\
@@ -152,11 +163,14 @@ def test_the_checker_reports_exactly_the_unmarked_call():
 
 
 def test_the_checker_finds_every_kind_of_call():
-    calls = ["dist.barrier()", "hvd.allreduce(x, name='n')", "DDP(model)", "DistributedSampler(data)",
-             "sampler.set_epoch(epoch)", "torch.cuda.set_device(device)", "fully_shard(layer)",
-             "model.no_sync()", "f'{dist.get_rank()}'", "gather(x, gather=hvd.allgather_object(x))"]
-    assert [line for line, _ in unmarked_calls("\n".join(calls) + "\n")] == list(range(1, len(calls) + 1))
-    assert unmarked_calls("def set_device(d):\n    pass\nclass DDP(Base):\n    pass\nf'{rank}'\n") == []
+    calls = ["dist.barrier()", "hvd.allreduce(x, name='n')", "DDP(model)",
+             "DistributedSampler(data)", "sampler.set_epoch(epoch)",
+             "torch.cuda.set_device(device)", "fully_shard(layer)", "model.no_sync()",
+             "f'{dist.get_rank()}'", "gather(x, gather=hvd.allgather_object(x))"]
+    assert [line for line, _ in unmarked_calls("\n".join(calls) + "\n")] == \
+        list(range(1, len(calls) + 1))
+    assert unmarked_calls("def set_device(d):\n    pass\n"
+                          "class DDP(Base):\n    pass\nf'{rank}'\n") == []
 
 
 def test_the_checker_reports_exactly_the_bare_marks():

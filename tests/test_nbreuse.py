@@ -1,4 +1,5 @@
-"""tests/nbreuse.py: nbval compares make course's executed copies only when they stand for the notebook.
+"""tests/nbreuse.py: nbval compares make course's executed copies only when they
+stand for the notebook.
 
 A small course of one notebook in a temporary folder: make course's run_course executes it into
 build/, then pytest with nbval runs on it in a subprocess, as `make test` does.
@@ -26,12 +27,15 @@ def notebook(*sources, outputs):
 
 
 def nbval(course, **env):
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]), **env}
-    return run([sys.executable, "-m", "pytest", "-p", "nbreuse", "--nbval", "--nbval-current-env", "-p", "no:cacheprovider",
-                "-c", str(course / "pyproject.toml"), "solutions"], cwd=course, env=env, timeout=180)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+           **env}
+    return run([sys.executable, "-m", "pytest", "-p", "nbreuse", "--nbval", "--nbval-current-env",
+                "-p", "no:cacheprovider", "-c", str(course / "pyproject.toml"), "solutions"],
+               cwd=course, env=env, timeout=180)
 
 
-def test_build_copies_are_compared_when_they_stand_for_the_notebook_and_executed_otherwise(tmp_path):
+def test_build_copies_are_compared_when_they_stand_for_the_notebook_and_executed_otherwise(
+        tmp_path):
     course = tmp_path / "course"
     (course / "solutions").mkdir(parents=True)
     (course / "pyproject.toml").write_text('[project]\nname = "dpcourse"\n')
@@ -44,22 +48,28 @@ def test_build_copies_are_compared_when_they_stand_for_the_notebook_and_executed
 
     same = nbval(course)
     assert same.returncode == 0 and "2 passed" in same.stdout, same.stdout
-    assert "1 notebook(s) compared from make course's run in build/, 0 executed here" in same.stdout, same.stdout
+    assert ("1 notebook(s) compared from make course's run in build/, 0 executed here"
+            in same.stdout), same.stdout
 
-    # build/'s copy says something else than the committed output: the comparison fails, as nbval's would.
+    # build/'s copy says something else than the committed output: the comparison fails, as
+    # nbval's would.
     built = nbformat.read(course / "build" / "00_t.ipynb", as_version=4)
     built.cells[0].outputs[0]["text"] = "43\n"
     nbformat.write(built, course / "build" / "00_t.ipynb")
     differ = nbval(course)
-    assert differ.returncode == 1 and "Cell outputs differ (make course's run in build/" in differ.stdout, differ.stdout
+    assert (differ.returncode == 1
+            and "Cell outputs differ (make course's run in build/" in differ.stdout), differ.stdout
     assert "43" in differ.stdout and "1 failed, 1 passed" in differ.stdout
 
-    # Another source file changed: nbval executes the notebook (its cells pass); CI's "require" fails it, saying why.
+    # Another source file changed: nbval executes the notebook (its cells pass); CI's "require"
+    # fails it, saying why.
     (course / "lib.py").write_text("X = 2\n")
     required = nbval(course, DPCOURSE_NBVAL_REUSE="require")
-    assert "executed 00_t.ipynb: 1 source file(s) changed since make course: lib.py" in required.stdout, required.stdout
+    assert ("executed 00_t.ipynb: 1 source file(s) changed since make course: lib.py"
+            in required.stdout), required.stdout
     assert required.returncode == 1 and "1 failed, 1 passed" in required.stdout
-    assert "build/ cannot stand for this notebook: 1 source file(s) changed since make course: lib.py" in required.stdout
+    assert ("build/ cannot stand for this notebook: "
+            "1 source file(s) changed since make course: lib.py" in required.stdout)
 
 
 def test_a_notebook_that_failed_in_make_course_is_executed(tmp_path):
@@ -69,16 +79,18 @@ def test_a_notebook_that_failed_in_make_course_is_executed(tmp_path):
     (course / "solutions").mkdir(parents=True)
     (course / "pyproject.toml").write_text('[project]\nname = "dpcourse"\n')
     path = course / "solutions" / "00_t.ipynb"
-    nbformat.write(notebook("raise ValueError('no')", "print('after')", outputs=["", "after\n"]), path)
+    nbformat.write(notebook("raise ValueError('no')", "print('after')", outputs=["", "after\n"]),
+                   path)
     assert run_course(course / "solutions", course / "build") == 1
     assert why_not_reused(path) == "it failed in make course"
     built = nbformat.read(course / "build" / "00_t.ipynb", as_version=4)
-    assert built.cells[1].outputs == [] and built.cells[1].execution_count is None  # not the committed "after"
+    # not the committed "after"
+    assert built.cells[1].outputs == [] and built.cells[1].execution_count is None
 
 
 def test_the_environment_is_what_is_installed_not_what_sys_path_holds(tmp_path, monkeypatch):
-    """Importing setuptools puts its vendored packages on sys.path (autocommand, jaraco.*): that made
-    make test's environment differ from make course's once, and every notebook ran again."""
+    """Importing setuptools puts its vendored packages on sys.path (autocommand, jaraco.*): that
+    made make test's environment differ from make course's once, and every notebook ran again."""
     from dpcourse.course import environment
 
     before = environment()

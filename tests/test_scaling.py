@@ -1,4 +1,5 @@
-"""dpcourse.scaling and dpcourse.plots: a real study (torchrun, FashionMNIST), its resume, its maths."""
+"""dpcourse.scaling and dpcourse.plots: a real study (torchrun, FashionMNIST), its resume, its
+maths."""
 import hashlib
 import json
 import os
@@ -47,8 +48,10 @@ def test_study_end_to_end(study, tmp_path):
         assert re.search(rf"^{mode} +K={k}: +[\d,.]+ samples/s", output, re.M), output
 
     rows = scaling.table(out)
-    assert [(r["mode"], r["workers"]) for r in rows] == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
-    # Throughputs measured minutes apart on a shared machine: their ratio is not bounded, its definition is.
+    assert [(r["mode"], r["workers"]) for r in rows] == \
+        [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
+    # Throughputs measured minutes apart on a shared machine: their ratio is not bounded, its
+    # definition is.
     k1 = {r["mode"]: r["samples_per_s"] for r in rows if r["workers"] == 1}
     assert all(r["complete"] and r["samples_per_s"] > 0 for r in rows), rows
     assert all(r["speedup"] == pytest.approx(r["samples_per_s"] / k1[r["mode"]]) and
@@ -57,7 +60,8 @@ def test_study_end_to_end(study, tmp_path):
     assert [r["batch_size"] for r in rows] == [64, 32, 32, 32]
 
     text = run([sys.executable, "-m", "dpcourse.scaling", "table", out], timeout=60)
-    assert text.returncode == 0 and "efficiency" in text.stdout and "weak" in text.stdout, text.stdout
+    assert (text.returncode == 0 and "efficiency" in text.stdout
+            and "weak" in text.stdout), text.stdout
     png = tmp_path / "fig.png"
     drawn = run([sys.executable, "-m", "dpcourse.scaling", "plot", out, "--save", png], timeout=60)
     assert drawn.returncode == 0, drawn.stdout
@@ -87,9 +91,11 @@ def test_an_interrupted_study_resumes(study, fashion_root):
 
     # A job-array task runs its own run only; a task number outside the plan is named.
     task = run(study_cmd(out, "--task", "3", data_root=fashion_root), timeout=60)
-    assert task.returncode == 0 and task.stdout.count("skipped") == 1 and "weak   K=2" in task.stdout, task.stdout
+    assert (task.returncode == 0 and task.stdout.count("skipped") == 1
+            and "weak   K=2" in task.stdout), task.stdout
     wrong = run(study_cmd(out, "--task", "4", data_root=fashion_root), timeout=60)
-    assert wrong.returncode == 1 and "numbered 0 to 3" in wrong.stdout and "Traceback" not in wrong.stdout
+    assert (wrong.returncode == 1 and "numbered 0 to 3" in wrong.stdout
+            and "Traceback" not in wrong.stdout)
 
 
 @pytest.mark.slow
@@ -100,14 +106,18 @@ def test_a_folder_holds_one_study(study, fashion_root):
     other[other.index("32")] = "64"  # --batch-size 64, weak runs only
     other.remove("strong")
     result = run(other, timeout=60)
-    assert result.returncode == 1 and "--batch-size 32" in result.stdout and "Traceback" not in result.stdout
+    assert (result.returncode == 1 and "--batch-size 32" in result.stdout
+            and "Traceback" not in result.stdout)
     with pytest.raises(CourseError, match="lab options"):
-        scaling.run(out, LAB, modes=("weak",), workers=(1, 2), batch_size=32, lab_args=("--max-steps", "5"))
-    # where the data is read from does not change a run (each task of a Slurm array stages its own copy)
+        scaling.run(out, LAB, modes=("weak",), workers=(1, 2), batch_size=32,
+                    lab_args=("--max-steps", "5"))
+    # where the data is read from does not change a run (each task of a Slurm array stages its own
+    # copy)
     elsewhere = study_cmd(out, data_root=fashion_root)
     elsewhere[-1] = str(fashion_root.resolve()) + "/."
     again = run(elsewhere, timeout=60)
-    assert again.returncode == 0 and again.stdout.count("skipped, its log is complete") == 4, again.stdout
+    assert again.returncode == 0 and again.stdout.count("skipped, its log is complete") == 4, \
+        again.stdout
 
 
 @pytest.mark.slow
@@ -121,11 +131,13 @@ def test_a_log_is_reused_only_for_the_same_lab_file(study, fashion_root, tmp_pat
     cmd[cmd.index("--lab") + 1] = edited
     again = run(cmd, timeout=120)
     assert again.returncode == 0, again.stdout
-    assert "strong K=1: its log was written by another version of fashion_ddp.py: run again" in again.stdout
-    assert "skipped" not in again.stdout and re.search(r"^strong +K=1: +[\d,.]+ samples/s", again.stdout, re.M)
+    assert ("strong K=1: its log was written by another version of fashion_ddp.py: run again"
+            in again.stdout)
+    assert ("skipped" not in again.stdout
+            and re.search(r"^strong +K=1: +[\d,.]+ samples/s", again.stdout, re.M))
     assert scaling.table(out)[0]["complete"]
-    # strong-k1 is the edit's now; the other three logs are still the course lab's (the study runs them again
-    # with the edited lab, or strong-k1 with the course's)
+    # strong-k1 is the edit's now; the other three logs are still the course lab's (the study runs
+    # them again with the edited lab, or strong-k1 with the course's)
     made_by = {n: (out / f"{n}.lab-sha256").read_text().strip() for n in NAMES}
     digest = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in (LAB, edited)}
     assert made_by == {"strong-k1": digest[edited], **{n: digest[LAB] for n in NAMES[1:]}}, made_by
@@ -140,9 +152,10 @@ def write_study(out, runs, cores=2):
     """study.json for ``runs`` (from scaling.plan) and the logs {name: records}."""
     planned = []
     for r in runs:
-        planned.append({**r, "lab": "fashion_ddp.py", "lab_args": [], "log": f"{r['name']}.jsonl", "command": "-"})
-    facts = {"host": "testhost", "cores": cores, "cpu": "a CPU", "threads": runs[0]["threads"], "gpus": 0,
-             "cuda_device": None, "torch": "x", "python": "3", "date": "today"}
+        planned.append({**r, "lab": "fashion_ddp.py", "lab_args": [], "log": f"{r['name']}.jsonl",
+                        "command": "-"})
+    facts = {"host": "testhost", "cores": cores, "cpu": "a CPU", "threads": runs[0]["threads"],
+             "gpus": 0, "cuda_device": None, "torch": "x", "python": "3", "date": "today"}
     (out / "study.json").write_text(json.dumps({"runs": planned, "machine": facts}))
 
 
@@ -163,7 +176,8 @@ def test_throughput_is_samples_over_seconds_after_the_warm_up():
     assert scaling.throughput([record("done", 20, 500.0)]) == pytest.approx(500.0)
     # a resumed run counts its steps from the checkpoint's step
     resumed = [record("train", 50, 10.0), record("train", 100, 300.0),
-               {"event": "resume", "step": 100}, record("train", 110, 1.0), record("done", 400, 600.0)]
+               {"event": "resume", "step": 100}, record("train", 110, 1.0),
+               record("done", 400, 600.0)]
     assert scaling.throughput(resumed) == pytest.approx(350 / (50 / 300 + 10 / 1 + 290 / 600))
     assert scaling.throughput([]) is None and not scaling.is_complete(windows(1.0)[:-1])
 
@@ -177,9 +191,12 @@ def test_table_speedup_efficiency_and_oversubscription(tmp_path):
         write_log(tmp_path, name, windows(rate))
     rows = {(r["mode"], r["workers"]): r for r in scaling.table(tmp_path)}
     assert rows["strong", 1]["samples_per_s"] == pytest.approx(1000.0)
-    assert rows["strong", 2]["speedup"] == pytest.approx(1.8) and rows["strong", 2]["efficiency"] == pytest.approx(0.9)
-    assert rows["strong", 4]["speedup"] == pytest.approx(2.0) and rows["strong", 4]["efficiency"] == pytest.approx(0.5)
-    assert rows["weak", 2]["speedup"] == pytest.approx(1.9) and rows["weak", 2]["efficiency"] == pytest.approx(0.95)
+    assert (rows["strong", 2]["speedup"] == pytest.approx(1.8)
+            and rows["strong", 2]["efficiency"] == pytest.approx(0.9))
+    assert (rows["strong", 4]["speedup"] == pytest.approx(2.0)
+            and rows["strong", 4]["efficiency"] == pytest.approx(0.5))
+    assert (rows["weak", 2]["speedup"] == pytest.approx(1.9)
+            and rows["weak", 2]["efficiency"] == pytest.approx(0.95))
     assert rows["weak", 4]["efficiency"] == pytest.approx(0.5)  # weak, K=1 its own: 500 samples/s
     assert [r["global_batch"] for r in (rows["strong", 4], rows["weak", 4])] == [128, 128]
     assert [k for (m, k), r in rows.items() if r["oversubscribed"]] == [4, 4]
@@ -191,9 +208,11 @@ def test_table_speedup_efficiency_and_oversubscription(tmp_path):
     throughput_ax, speedup_ax, efficiency_ax = fig.axes[:3]
     assert list(speedup_ax.lines[0].get_ydata()) == pytest.approx([1.0, 1.8, 2.0])
     assert list(efficiency_ax.get_xticks()) == [1, 2, 4]
-    hollow = [ln for ln in throughput_ax.lines if ln.get_marker() == "o" and ln.get_markerfacecolor() == "none"]
+    hollow = [ln for ln in throughput_ax.lines
+              if ln.get_marker() == "o" and ln.get_markerfacecolor() == "none"]
     assert len(hollow) == 2  # K=4, strong and weak
-    assert "oversubscribed" in " ".join(t.get_text() for t in efficiency_ax.get_legend().get_texts())
+    assert "oversubscribed" in " ".join(
+        t.get_text() for t in efficiency_ax.get_legend().get_texts())
     assert "1 thread per worker" in fig.get_suptitle() and "2 cores" in fig.get_suptitle()
 
 
@@ -202,9 +221,11 @@ def test_threads_count_in_oversubscription_and_a_missing_k1(tmp_path):
     write_study(tmp_path, runs, cores=2)
     write_log(tmp_path, "weak-k2", windows(1800.0))  # no weak-k1 log (not run yet)
     rows = scaling.table(tmp_path)
-    assert [(r["workers"], r["oversubscribed"], r["complete"]) for r in rows] == [(1, False, False), (2, True, True)]
+    assert [(r["workers"], r["oversubscribed"], r["complete"]) for r in rows] == \
+        [(1, False, False), (2, True, True)]
     assert rows[0]["samples_per_s"] is None
-    assert rows[1]["samples_per_s"] == pytest.approx(1000.0) and rows[1]["speedup"] is None and rows[1]["efficiency"] is None
+    assert (rows[1]["samples_per_s"] == pytest.approx(1000.0) and rows[1]["speedup"] is None
+            and rows[1]["efficiency"] is None)
     assert "—" in scaling.format_table(rows)
 
 
@@ -220,7 +241,8 @@ def test_plan_batches_and_errors():
     assert usable % 2 == 0 and usable % 3 == 0 and abs(usable - 128) < 6
     scaling.plan(("weak",), (1, 2, 3), global_batch_size=128)  # weak ignores the global batch
     with pytest.raises(CourseError, match="--global-batch-size 12"):
-        scaling.main(["run", "--lab", str(LAB), "--mode", "strong", "--workers", "3", "4", "--global-batch-size", "10"])
+        scaling.main(["run", "--lab", str(LAB), "--mode", "strong", "--workers", "3", "4",
+                      "--global-batch-size", "10"])
 
 
 # ------------------------------------------------------------------ the other plots
@@ -228,17 +250,20 @@ def test_curves_draw_the_records_that_have_y(tmp_path):
     write_log(tmp_path, "a", [{"event": "train", "elapsed_s": 1.0, "test_accuracy": None},
                               {"event": "eval", "elapsed_s": 2.0, "test_accuracy": 0.8},
                               {"event": "done", "elapsed_s": 3.0, "test_accuracy": 0.85}])
-    fig = plots.curves({"K=2": tmp_path / "a.jsonl", "typed": [{"elapsed_s": 1, "test_accuracy": 0.5}]})
+    fig = plots.curves({"K=2": tmp_path / "a.jsonl",
+                        "typed": [{"elapsed_s": 1, "test_accuracy": 0.5}]})
     ax = fig.axes[0]
     assert [ln.get_label() for ln in ax.lines] == ["K=2", "typed"]
-    assert list(ax.lines[0].get_xdata()) == [2.0, 3.0] and list(ax.lines[0].get_ydata()) == [0.8, 0.85]
+    assert (list(ax.lines[0].get_xdata()) == [2.0, 3.0]
+            and list(ax.lines[0].get_ydata()) == [0.8, 0.85])
     with pytest.raises(CourseError, match="no record"):
         plots.curves({"K=2": tmp_path / "a.jsonl"}, y="test_loss")
 
 
 def test_stacked_split_writes_the_allreduce_share():
     fig = plots.stacked_split({"K=1": {"forward": 4.0, "backward": 6.0},
-                               "K=2": {"data": 1.0, "forward": 4.0, "backward": 6.0, "allreduce": 6.0, "optimizer": 3.0}})
+                               "K=2": {"data": 1.0, "forward": 4.0, "backward": 6.0,
+                                       "allreduce": 6.0, "optimizer": 3.0}})
     ax = fig.axes[0]
     assert [t.get_text().strip() for t in ax.texts] == ["all-reduce 0%", "all-reduce 30%"]
     widths = {b.get_label() for b in ax.containers}
@@ -271,8 +296,10 @@ def test_the_committed_study_is_what_its_command_made():
         first, done = records[0], records[-1]
         G = int(option("--batch-size")) * study_py.WORKERS
         assert done["event"] == "done" and done["epoch"] == 2.0, name
-        assert (first["world_size"], first["global_batch"], first["threads"]) == (study_py.WORKERS, G, 1), name
-        assert first["peak_lr"] == pytest.approx(peak_lr(option("--lr-scaling"), float(option("--lr", 0.15)), G)), name
+        assert (first["world_size"], first["global_batch"], first["threads"]) \
+            == (study_py.WORKERS, G, 1), name
+        assert first["peak_lr"] == pytest.approx(
+            peak_lr(option("--lr-scaling"), float(option("--lr", 0.15)), G)), name
         closing, last = [], 0  # the records that close a stretch of steps carry its time split
         for r in records:
             if r["event"] in ("train", "eval", "epoch", "done") and r["step"] > last:
@@ -284,9 +311,10 @@ def test_the_committed_study_is_what_its_command_made():
 
 # ------------------------------------------------------------------ notebook 11's committed study
 def test_notebook_11s_committed_study_is_what_its_command_made():
-    """results/11_horovod: the commands in study.json are the ones study.py runs, in its order (2 side-by-side
-    runs, then ROUNDS rounds of plain and wrapped on one process); the two side-by-side logs are complete runs
-    of those options; overhead.json is the median of study.json's rounds, as notebook 11 reads it."""
+    """results/11_horovod: the commands in study.json are the ones study.py runs, in its order
+    (2 side-by-side runs, then ROUNDS rounds of plain and wrapped on one process); the two
+    side-by-side logs are complete runs of those options; overhead.json is the median of
+    study.json's rounds, as notebook 11 reads it."""
     import importlib.util
     import shlex
     import statistics
@@ -309,7 +337,8 @@ def test_notebook_11s_committed_study_is_what_its_command_made():
               for _ in range(study_py.ROUNDS)
               for lab, plain in ((study_py.DDP, "--no-ddp"), (study_py.HVD, "--no-hvd"))
               for extra in ([plain], [])]
-    assert [r["command"] for r in study["runs"]] == side + rounds, "run study.py again: study.json is not its runs"
+    assert [r["command"] for r in study["runs"]] == side + rounds, \
+        "run study.py again: study.json is not its runs"
     assert all(len(v) == study_py.ROUNDS for v in study["rounds"].values()), study["rounds"]
     overhead = json.loads((here / "overhead.json").read_text())
     assert overhead == {k: statistics.median(v) for k, v in study["rounds"].items()}
@@ -317,5 +346,7 @@ def test_notebook_11s_committed_study_is_what_its_command_made():
     for name, framework in (("ddp", None), ("horovod", "horovod")):
         records = read_log(here / f"{name}.jsonl")
         first, done = records[0], records[-1]
-        assert (first["world_size"], first["global_batch"], first.get("framework")) == (2, 128, framework), name
-        assert (done["event"], done["step"], done["stop"], done["test_images"]) == ("done", steps, "max_steps", 10_000), name
+        assert (first["world_size"], first["global_batch"], first.get("framework")) \
+            == (2, 128, framework), name
+        assert (done["event"], done["step"], done["stop"], done["test_images"]) \
+            == ("done", steps, "max_steps", 10_000), name

@@ -1,5 +1,6 @@
-"""One learning-rate schedule (dpcourse.optim.warmup_then_decay) for every lab and notebook 08's explorer:
-its values, a warm-up as long as the run or longer, and that the labs use it rather than their own."""
+"""One learning-rate schedule (dpcourse.optim.warmup_then_decay) for every lab and notebook 08's
+explorer: its values, a warm-up as long as the run or longer, and that the labs use it rather than
+their own."""
 import math
 import re
 import sys
@@ -19,7 +20,8 @@ def test_a_linear_climb_then_a_linear_or_cosine_decay_to_zero():
     assert [cosine(s) for s in range(4)] == [linear(s) for s in range(4)]  # the same warm-up
     assert [cosine(s) for s in range(4, 11)] == pytest.approx(
         [0.5 * (1 + math.cos(math.pi * (s - 4) / 6)) for s in range(4, 10)] + [0.0])
-    assert [warmup_then_decay(4, 0)(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+    assert [warmup_then_decay(4, 0)(s) for s in range(5)] == pytest.approx(
+        [1.0, 0.75, 0.5, 0.25, 0.0])
     with pytest.raises(ValueError, match="'linear' or 'cosine'"):
         warmup_then_decay(10, 4, decay="step")
 
@@ -38,14 +40,18 @@ def test_every_lab_takes_the_one_schedule_and_the_fashion_labs_one_reference_bat
     for name in ("fashion_ddp.py", "fashion_horovod.py", "imagenet_ddp.py"):
         text = (LABS / name).read_text()
         assert "warmup_then_decay(" in text, f"{name} does not use dpcourse.optim.warmup_then_decay"
-        assert not re.search(r"LambdaLR\(\w+, lambda|ramp = lambda|/ \(total - warmup\)", text), f"{name} has its own schedule"
-    defined = [p.name for p in LABS.rglob("*.py") if re.search(r"^REFERENCE_BATCH = ", p.read_text(), re.M)]
-    assert defined == ["imagenet_ddp.py"], defined  # ImageNet's is Goyal et al.'s 256, the others import 128
+        assert not re.search(r"LambdaLR\(\w+, lambda|ramp = lambda|/ \(total - warmup\)", text), \
+            f"{name} has its own schedule"
+    defined = [p.name for p in LABS.rglob("*.py")
+               if re.search(r"^REFERENCE_BATCH = ", p.read_text(), re.M)]
+    # ImageNet's is Goyal et al.'s 256, the others import 128
+    assert defined == ["imagenet_ddp.py"], defined
     assert REFERENCE_BATCH == 128
 
 
 def test_a_run_whose_warm_up_is_all_of_it_ends_normally(fashion_root):
-    """--warmup-epochs = --epochs: the lab's last scheduler step divided 0 by 0 before (ZeroDivisionError)."""
-    done = run([sys.executable, str(LABS / "fashion_ddp.py"), "--train-images", "1280", "--epochs", "1",
-                "--warmup-epochs", "1", "--no-eval"], timeout=120)
+    """--warmup-epochs = --epochs: the lab's last scheduler step divided 0 by 0 before
+    (ZeroDivisionError)."""
+    done = run([sys.executable, str(LABS / "fashion_ddp.py"), "--train-images", "1280",
+                "--epochs", "1", "--warmup-epochs", "1", "--no-eval"], timeout=120)
     assert done.returncode == 0 and "ZeroDivisionError" not in done.stdout, done.stdout

@@ -33,8 +33,9 @@ def test_fsdp_matches_ddp_within_the_stated_tolerance_on_3_ranks(tmp_path, fashi
     assert result.stdout.count("losses equal bit for bit") == 1  # rank 0 alone prints
 
 
-@pytest.mark.parametrize("script, says", [("sharded_optimizer.py", "the check needs at least 2 ranks"),
-                                          ("beyond_dp.py", "split a model over at least 2 ranks")])
+@pytest.mark.parametrize("script, says",
+                         [("sharded_optimizer.py", "the check needs at least 2 ranks"),
+                          ("beyond_dp.py", "split a model over at least 2 ranks")])
 def test_one_process_is_refused_in_one_line(script, says):
     result = run([sys.executable, str(LABS / script)], timeout=60)
     assert result.returncode != 0 and says in result.stdout, result.stdout
@@ -43,9 +44,10 @@ def test_one_process_is_refused_in_one_line(script, says):
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_the_sharded_optimizer_is_a_torch_optimizer(nproc):
-    """labs/sharded_optimizer.py's ShardedOptimizer as a learner's project uses an optimizer: parameter groups,
-    a learning-rate scheduler, step(closure), and a save/load round trip with each rank's own shard
-    (tests/helpers/sharded_optimizer_api.py)."""
-    result = run(torchrun_cmd(nproc, ROOT / "tests" / "helpers" / "sharded_optimizer_api.py"), timeout=120)
+    """labs/sharded_optimizer.py's ShardedOptimizer as a learner's project uses an optimizer:
+    parameter groups, a learning-rate scheduler, step(closure), and a save/load round trip with each
+    rank's own shard (tests/helpers/sharded_optimizer_api.py)."""
+    result = run(torchrun_cmd(nproc, ROOT / "tests" / "helpers" / "sharded_optimizer_api.py"),
+                 timeout=120)
     assert result.returncode == 0, result.stdout
     assert f"ok: {nproc} ranks, 2 parameter groups, StepLR" in result.stdout, result.stdout

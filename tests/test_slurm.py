@@ -1,5 +1,5 @@
-"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and on two, sbatch;
-and the hierarchical all-reduce on two real nodes."""
+"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and
+on two, sbatch; and the hierarchical all-reduce on two real nodes."""
 import json
 import os
 import re
@@ -69,7 +69,8 @@ def one_line(output: str) -> str:
 
 
 def test_mpirun_inside_a_two_node_sbatch_job_forms_one_group(slurm):
-    """mpirun's ranks also see the SLURM_* of the steps mpirun starts its daemons in: OMPI_* must win."""
+    """mpirun's ranks also see the SLURM_* of the steps mpirun starts its daemons in: OMPI_* must
+    win."""
     script = f"""#!/bin/bash
 #SBATCH -N2 --ntasks-per-node=2
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -86,8 +87,9 @@ export MASTER_ADDR
 def test_mpirun_inside_an_srun_step_forms_one_group(slurm):
     # mpirun starts its daemon on "n1" with a nested srun step; the emulated node's 2 CPUs are
     # the outer step's, so that step must be allowed to overlap it.
-    done = slurm.run(["srun", "-N1", "-n1", "-c2", *MPIRUN.split(), "-np", "2", slurm.python, HELLO],
-                     timeout=120, env={"SLURM_OVERLAP": "1"})
+    done = slurm.run(
+        ["srun", "-N1", "-n1", "-c2", *MPIRUN.split(), "-np", "2", slurm.python, HELLO],
+        timeout=120, env={"SLURM_OVERLAP": "1"})
     assert done.returncode == 0, done.stdout
     assert_hello(done.stdout)
 
@@ -98,8 +100,8 @@ def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
 
     from dpcourse.localslurm import ROOT, clean_env
     cmd = ["srun", "-N1", "-n2", slurm.python, HELLO]
-    jobs = [subprocess.Popen(cmd, cwd=ROOT, env=clean_env(**slurm.env), text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT) for _ in range(2)]
+    jobs = [subprocess.Popen(cmd, cwd=ROOT, env=clean_env(**slurm.env), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
     outs = [job.communicate(timeout=120)[0] for job in jobs]
     assert [job.returncode for job in jobs] == [0, 0], outs
     for out in outs:
@@ -108,19 +110,23 @@ def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
 
 def test_unresolvable_master_addr_under_srun_is_one_line_within_seconds(slurm):
     start = time.perf_counter()
-    done = slurm.srun("-N1", "-n2", slurm.python, HELLO, env={"MASTER_ADDR": "no-such-node.invalid"})
+    done = slurm.srun("-N1", "-n2", slurm.python, HELLO,
+                      env={"MASTER_ADDR": "no-such-node.invalid"})
     assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S
-    assert one_line(done.stdout).startswith("[rank 0] MASTER_ADDR=no-such-node.invalid does not resolve")
+    assert one_line(done.stdout).startswith(
+        "[rank 0] MASTER_ADDR=no-such-node.invalid does not resolve")
 
 
 def test_a_task_that_dies_before_setup_is_named_by_rank0(slurm):
-    """Task 1 crashes before it reaches the rendezvous; srun without --kill-on-bad-exit lets rank 0 wait."""
+    """Task 1 crashes before it reaches the rendezvous; srun without --kill-on-bad-exit lets rank 0
+    wait."""
     crash_1 = f'[ "$SLURM_PROCID" = 1 ] && exit 3; exec {shlex.quote(slurm.python)} {HELLO}'
     start = time.perf_counter()
     done = slurm.srun("-N1", "-n2", "bash", "-c", crash_1, env={"DPCOURSE_RDZV_TIMEOUT_S": "4"})
     assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S
     line = one_line(done.stdout)
-    assert line.startswith("[rank 0] rank 1 of 2 did not join within 4 s") and "--kill-on-bad-exit=1" in line
+    assert line.startswith("[rank 0] rank 1 of 2 did not join within 4 s") \
+        and "--kill-on-bad-exit=1" in line
 
 
 def test_the_clusters_daemons_end_when_their_starter_is_killed():
@@ -129,21 +135,25 @@ def test_the_clusters_daemons_end_when_their_starter_is_killed():
     starter = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time\n"
          "from dpcourse.localslurm import _end_with_parent\n"
-         "d = subprocess.Popen(['sleep', '300'], start_new_session=True, preexec_fn=_end_with_parent)\n"
+         "d = subprocess.Popen(['sleep', '300'], start_new_session=True, "
+         "preexec_fn=_end_with_parent)\n"
          "print(d.pid, flush=True)\ntime.sleep(300)"], stdout=subprocess.PIPE, text=True)
     daemon = int(starter.stdout.readline())
     os.kill(starter.pid, signal.SIGKILL)
     starter.wait()
     deadline = time.monotonic() + 5
-    while os.path.exists(f"/proc/{daemon}") and "Z" not in open(f"/proc/{daemon}/stat").read().split()[2]:
+    while os.path.exists(f"/proc/{daemon}") \
+            and "Z" not in open(f"/proc/{daemon}/stat").read().split()[2]:
         assert time.monotonic() < deadline, "the daemon outlived the process that started it"
         time.sleep(0.1)
 
 
 def _state(slurm, job_id: str) -> str:
     """squeue's state for the job, or GONE once it has left the queue."""
-    shown = slurm.run(["squeue", "--noheader", "--format=%i %T", f"--user={os.getuid()}"], timeout=10).stdout
-    return dict(line.split() for line in shown.splitlines() if len(line.split()) == 2).get(job_id, "GONE")
+    shown = slurm.run(["squeue", "--noheader", "--format=%i %T", f"--user={os.getuid()}"],
+                      timeout=10).stdout
+    return dict(line.split() for line in shown.splitlines()
+                if len(line.split()) == 2).get(job_id, "GONE")
 
 
 def _wait_running(slurm, *job_ids: str) -> None:
@@ -159,7 +169,8 @@ def test_on_a_real_cluster_the_course_cancels_only_the_jobs_it_submitted(slurm, 
     (here, a job submitted outside it with plain sbatch: their JupyterLab job, say)."""
     from dpcourse.localslurm import Existing, SlurmTimeout
 
-    sleeper = ["--parsable", "-n1", "--cpus-per-task=1", f"--output={tmp_path}/%j.out", "--wrap=sleep 300"]
+    sleeper = ["--parsable", "-n1", "--cpus-per-task=1", f"--output={tmp_path}/%j.out",
+               "--wrap=sleep 300"]
     foreign = slurm.run(["sbatch", "--job-name=first-job", *sleeper]).stdout.strip().split(";")[0]
     existing = Existing(tmp_path / "out")
     existing.env = dict(slurm.env)  # a login node's Slurm: here, the test cluster's config
@@ -167,11 +178,13 @@ def test_on_a_real_cluster_the_course_cancels_only_the_jobs_it_submitted(slurm, 
     assert existing.submitted() == [ours]
     try:
         _wait_running(slurm, foreign, ours)
-        # A client that never answers in time (sbatch --wait on a job that sleeps 300 s): one message, no scancel.
+        # A client that never answers in time (sbatch --wait on a job that sleeps 300 s): one
+        # message, no scancel.
         with pytest.raises(SlurmTimeout, match=r"nothing was cancelled.*squeue --me"):
             existing.run(["sbatch", "--wait", *sleeper[1:]], timeout=2)
         assert _state(slurm, foreign) == "RUNNING" and _state(slurm, ours) == "RUNNING"
-        # cancel_all on a real cluster: the job it submitted, by id; the foreign one with the same name runs on.
+        # cancel_all on a real cluster: the job it submitted, by id; the foreign one with the same
+        # name runs on.
         assert existing.cancel_submitted("first-job") == [ours]
         assert _state(slurm, ours) == "GONE" and _state(slurm, foreign) == "RUNNING"
     finally:
@@ -189,69 +202,87 @@ def test_on_a_real_cluster_the_course_cancels_only_the_jobs_it_submitted(slurm, 
 def test_each_task_takes_the_gpu_slurm_bound_to_it(slurm, options, expected):
     """srun -N1 -n2 with each binding mode; each task's CUDA_VISIBLE_DEVICES comes from Slurm, and
     tests/helpers/placement_probe.py prints the device and backend dpcourse.dist.placement picks."""
-    done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", *options, slurm.python, "tests/helpers/placement_probe.py")
+    done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", *options, slurm.python,
+                      "tests/helpers/placement_probe.py")
     assert done.returncode == 0, done.stdout
-    rows = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    rows = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["rank"])
     assert [(r["visible"], r["device"]) for r in rows] == expected, done.stdout
     assert all(r["backend"] == "nccl" and r["note"] is None for r in rows), rows
 
 
 def test_a_gpu_job_whose_processes_see_no_gpu_ends_with_one_line(slurm):
-    """--gpus-per-node=2 on the test cluster: Slurm hands out its pretend GPUs, CUDA finds none. --device cuda
-    (what the GPU templates pass) ends in one line from rank 0 naming the cause; auto says it trains on the CPU."""
+    """--gpus-per-node=2 on the test cluster: Slurm hands out its pretend GPUs, CUDA finds none.
+    --device cuda (what the GPU templates pass) ends in one line from rank 0 naming the cause; auto
+    says it trains on the CPU."""
     start = time.perf_counter()
-    done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO, "--device", "cuda")
+    done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO,
+                      "--device", "cuda")
     assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S, done.stdout
-    said = [line for line in done.stdout.splitlines() if "--device cuda, but this process sees no GPU" in line]
-    assert len(said) == 1 and "CUDA finds none of the GPUs Slurm gave the job" in said[0] and "Traceback" not in done.stdout, done.stdout
+    said = [line for line in done.stdout.splitlines()
+            if "--device cuda, but this process sees no GPU" in line]
+    assert len(said) == 1 and "CUDA finds none of the GPUs Slurm gave the job" in said[0] \
+        and "Traceback" not in done.stdout, done.stdout
     auto = slurm.srun("-N1", "-n2", "--cpus-per-task=1", "--gpus-per-node=2", slurm.python, HELLO)
     assert auto.returncode == 0, auto.stdout
-    assert auto.stdout.count("this job holds GPUs here") == 1 and "training on the CPU" in auto.stdout, auto.stdout
+    assert auto.stdout.count("this job holds GPUs here") == 1 \
+        and "training on the CPU" in auto.stdout, auto.stdout
 
 
 def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(slurm, tmp_path):
-    """`make slurm-demo KEEP=1` (demo --keep): the cluster stays up and prints the commands to type in another
-    shell. Each one, as printed (but tail -f), works against it: sinfo, srun on both nodes, the shrunk
-    multi_node.sbatch, squeue --me, the shrunk doctor. Ctrl-C then stops it and leaves nothing behind."""
+    """`make slurm-demo KEEP=1` (demo --keep): the cluster stays up and prints the commands to type
+    in another shell. Each one, as printed (but tail -f), works against it: sinfo, srun on both
+    nodes, the shrunk multi_node.sbatch, squeue --me, the shrunk doctor. Ctrl-C then stops it and
+    leaves nothing behind."""
     from conftest import ROOT, end_session
     from dpcourse.localslurm import clean_env
 
     said = tmp_path / "demo.out"
     with open(said, "w") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "dpcourse.slurm", "demo", "--keep"], cwd=ROOT, env=clean_env(),
-                                stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        demo = subprocess.Popen([sys.executable, "-m", "dpcourse.slurm", "demo", "--keep"],
+                                cwd=ROOT, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
     jobs = []
     try:
-        deadline = time.monotonic() + 300  # a cap that ends only a hang: the cluster is up in seconds
+        # a cap that ends only a hang: the cluster is up in seconds
+        deadline = time.monotonic() + 300
         while "tail -f" not in said.read_text():
             assert demo.poll() is None and time.monotonic() < deadline, said.read_text()
             time.sleep(0.2)
         text = said.read_text()
         block = text[text.index("In another shell"):].split("\n\n")[1]
-        commands = [line.strip() for line in block.splitlines() if not line.strip().startswith("tail -f")]
+        commands = [line.strip() for line in block.splitlines()
+                    if not line.strip().startswith("tail -f")]
         assert commands[0].startswith("export SLURM_CONF=") and len(commands) == 6, text
-        typed = subprocess.run(["bash", "-euc", "\n".join(commands)], cwd=ROOT, env=clean_env(), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        typed = subprocess.run(["bash", "-euc", "\n".join(commands)], cwd=ROOT, env=clean_env(),
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=120)
         assert typed.returncode == 0, typed.stdout
         jobs = [int(j) for j in re.findall(r"Submitted batch job (\d+)", typed.stdout)]
         job, doctor = jobs
         lines = typed.stdout.splitlines()
-        assert sorted(n for n in lines if n in ("n1", "n2")) == ["n1", "n2"], typed.stdout  # srun -N2: a task on each
-        assert any(re.match(rf" +{job} ", line) for line in lines), typed.stdout  # squeue --me lists the job
+        # srun -N2: a task on each
+        assert sorted(n for n in lines if n in ("n1", "n2")) == ["n1", "n2"], typed.stdout
+        # squeue --me lists the job
+        assert any(re.match(rf" +{job} ", line) for line in lines), typed.stdout
         conf = {"SLURM_CONF": commands[0].split("=", 1)[1]}
-        while subprocess.run(["squeue", "--noheader", f"--jobs={job},{doctor}"], env=clean_env(**conf), text=True,
-                             capture_output=True).stdout.strip():  # the jobs run: wait for their end
+        # the jobs run: wait for their end
+        while subprocess.run(["squeue", "--noheader", f"--jobs={job},{doctor}"],
+                             env=clean_env(**conf), text=True, capture_output=True).stdout.strip():
             assert demo.poll() is None and time.monotonic() < deadline, said.read_text()
             time.sleep(1)
         log = (ROOT / f"dpcourse-nodes-{job}.out").read_text()  # the name tail -f is given
-        # the clean-up step's messages are elsewhere; torchrun's own end-of-run race is not the course's
-        assert "[rank0]:step 20: test accuracy" in log and "error" not in without_torchrun_shutdown_race(log), log
+        # the clean-up step's messages are elsewhere;
+        # torchrun's own end-of-run race is not the course's
+        assert "[rank0]:step 20: test accuracy" in log \
+            and "error" not in without_torchrun_shutdown_race(log), log
         said_doctor = (ROOT / f"dpcourse-doctor-{doctor}.out").read_text()
         assert said_doctor.rstrip().endswith("\nall ok"), said_doctor
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) == 0, said.read_text()
         assert said.read_text().rstrip().endswith("cluster stopped")
-        assert not os.path.exists(os.path.dirname(conf["SLURM_CONF"])), "the cluster's folder is left behind"
+        assert not os.path.exists(os.path.dirname(conf["SLURM_CONF"])), \
+            "the cluster's folder is left behind"
     finally:
         if demo.poll() is None:
             end_session(demo)
@@ -262,7 +293,7 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
 
 def test_hierarchical_on_two_slurm_nodes(slurm):
     """srun puts 2 tasks on each of the 2 nodes: the ranks per node come from Slurm itself."""
-    done = slurm.srun("-N2", "--ntasks-per-node=2", slurm.python, ALLREDUCE, "check", "--algo", "ring,hierarchical",
-                      env={"MASTER_ADDR": "n1"})
+    done = slurm.srun("-N2", "--ntasks-per-node=2", slurm.python, ALLREDUCE, "check",
+                      "--algo", "ring,hierarchical", env={"MASTER_ADDR": "n1"})
     assert done.returncode == 0, done.stdout[-3000:]
     assert "4 ranks (2 node(s) of 2): 40 of 40 cases agree" in done.stdout, done.stdout[-2000:]

@@ -25,7 +25,8 @@ def test_a_sensible_learning_rate_lowers_the_loss(xy):
 
 def test_too_large_a_learning_rate_diverges_and_stops_early(xy):
     run = sgd_softmax(*xy, lr=10.0, batch_size=1, samples=5000)
-    assert run["steps"] < 5000 and (not math.isfinite(run["train_loss"][-1]) or run["train_loss"][-1] > 1e3)
+    assert run["steps"] < 5000 and (not math.isfinite(run["train_loss"][-1])
+                                    or run["train_loss"][-1] > 1e3)
 
 
 def test_explorer_builds_with_two_sliders(xy):
@@ -40,7 +41,8 @@ def test_peak_lr_rules():
     assert peak_lr("none", 0.1, 1024) == pytest.approx(0.1)
     assert peak_lr("linear", 0.1, 1024) == pytest.approx(0.8)  # 1024 / 128 = 8
     assert peak_lr("sqrt", 0.1, 1024) == pytest.approx(0.1 * math.sqrt(8))
-    assert peak_lr("linear", 0.1, 32) == pytest.approx(0.025)  # smaller than the reference: smaller rate
+    # smaller than the reference: smaller rate
+    assert peak_lr("linear", 0.1, 32) == pytest.approx(0.025)
     with pytest.raises(ValueError, match="linear"):
         peak_lr("square", 0.1, 1024)
 
@@ -50,11 +52,13 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
     spe = 60_000 // 2 // 512  # 58 steps per epoch, the lab's count
     assert len(lrs) == 3 * spe + 1 and lrs[-1] == 0.0
     peak = 0.1 * 1024 / 128
-    assert max(lrs) == pytest.approx(peak) and lrs.index(max(lrs)) in (spe - 1, spe)  # the top at one epoch
+    # the top at one epoch
+    assert max(lrs) == pytest.approx(peak) and lrs.index(max(lrs)) in (spe - 1, spe)
     assert lrs[0] == pytest.approx(peak / spe)  # the first step: one warm-up step's share
     assert all(a < b for a, b in zip(lrs[:spe - 1], lrs[1:spe]))  # rising during the warm-up
     assert all(a > b for a, b in zip(lrs[spe:-1], lrs[spe + 1:]))  # falling after it
-    assert lrs[2 * spe] == pytest.approx(peak / 2, rel=0.02)  # half-way down at the midpoint of the decay
+    # half-way down at the midpoint of the decay
+    assert lrs[2 * spe] == pytest.approx(peak / 2, rel=0.02)
 
 
 def test_schedule_refuses_a_batch_larger_than_the_data():
@@ -66,9 +70,10 @@ def test_schedule_refuses_a_batch_larger_than_the_data():
 def test_schedule_is_what_the_lab_logs(tmp_path, fashion_root):
     """The explorer and fashion_ddp.py cannot drift apart: the lab's logged rate at every step."""
     log = tmp_path / "log.jsonl"
-    # 2 workers × 3,000 = 6,000 per step: 10 steps per epoch, 3 of warm-up, the whole schedule in 10 steps
-    args = ["--batch-size", 3000, "--lr-scaling", "sqrt", "--lr", 0.05, "--warmup-epochs", 0.3, "--epochs", 1,
-            "--width", 4, "--no-eval", "--log-every", 1, "--log-json", log]
+    # 2 workers × 3,000 = 6,000 per step: 10 steps per epoch, 3 of warm-up,
+    # the whole schedule in 10 steps
+    args = ["--batch-size", 3000, "--lr-scaling", "sqrt", "--lr", 0.05, "--warmup-epochs", 0.3,
+            "--epochs", 1, "--width", 4, "--no-eval", "--log-every", 1, "--log-json", log]
     result = run(torchrun_cmd(2, ROOT / "solutions" / "labs" / "fashion_ddp.py", *args))
     assert result.returncode == 0, result.stdout
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -77,7 +82,8 @@ def test_schedule_is_what_the_lab_logs(tmp_path, fashion_root):
     want = lr_schedule("sqrt", 0.05, batch=3000, world_size=2, warmup_epochs=0.3, epochs=1)
     assert len(want) == 11
     for step, lr in logged.items():
-        assert lr == pytest.approx(want[step], abs=2e-7), f"step {step}: the lab logs {lr}, lr_schedule gives {want[step]}"
+        assert lr == pytest.approx(want[step], abs=2e-7), (f"step {step}: the lab logs {lr}, "
+                                                           f"lr_schedule gives {want[step]}")
     assert records[0]["peak_lr"] == pytest.approx(max(want))
 
 

@@ -1,12 +1,13 @@
-"""How `make test` shares the suite between its two pytest-xdist workers (``-n 2 --dist loadgroup``).
+"""How `make test` shares the suite between its two pytest-xdist workers
+(``-n 2 --dist loadgroup``).
 
 While one test waits on a launcher, a daemon, a kernel or a Slurm job, the other worker's test has
-the core: on one process, the suite left a quarter of the 2 cores idle (26 %, from /proc/stat). Tests
-that share state run on one worker, one after the other (a *group*):
+the core: on one process, the suite left a quarter of the 2 cores idle (26 %, from /proc/stat).
+Tests that share state run on one worker, one after the other (a *group*):
 - a test module: its module fixtures and caches;
 - a notebook: its nbval cells (one kernel, in order), its wrong answers and the harness's positive
-  control (tests/test_exercises.py runs its cells in-process) and its guard run (tests/test_outputs.py)
-  all write build/NN/;
+  control (tests/test_exercises.py runs its cells in-process) and its guard run
+  (tests/test_outputs.py) all write build/NN/;
 - the local Slurm cluster: every test that uses it (the ``slurm`` fixture, in SLURM_MODULES; a test
   that takes the fixture elsewhere stops the run at collection), notebook 09 (it starts its own
   cluster, whose job numbers would meet the fixture's on the same ports: slurm/env.sh derives
@@ -28,9 +29,11 @@ import pytest
 SLURM_MODULES = {"tests/test_slurm.py", "tests/test_slurm_templates.py", "tests/test_dist.py",
                  "tests/test_doctor.py", "tests/test_horovod.py", "tests/test_imagenet.py"}
 NOTEBOOK = re.compile(r"solutions/(\d\d)_[^/]*\.ipynb::"  # its cells
-                      r"|tests/test_exercises\.py::test_check_rejects_wrong_answers\[(\d\d)-"  # its wrong answers
+                      # its wrong answers
+                      r"|tests/test_exercises\.py::test_check_rejects_wrong_answers\[(\d\d)-"
                       r"|tests/test_exercises\.py::test_the_harness_passes_the_solution_through_a_labs_copy\[(\d\d)-"
-                      r"|tests/test_outputs\.py::test_compared_outputs_\w+\[(\d\d)_")  # its guard run
+                      # its guard run
+                      r"|tests/test_outputs\.py::test_compared_outputs_\w+\[(\d\d)_")
 SLURM_NOTEBOOKS = {"09"}
 
 
@@ -51,29 +54,33 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False  # the groups in the order the workers collected them (_rank)
+    # the groups in the order the workers collected them (_rank)
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):
-        """pytest-xdist's loadscope (a whole group to one worker, the next group to whichever is free),
-        with group() as the scope."""
+        """pytest-xdist's loadscope (a whole group to one worker, the next group to whichever is
+        free), with group() as the scope."""
 
         def _split_scope(self, nodeid: str) -> str:
             return group(nodeid)
 
         def _reschedule(self, node) -> None:
-            """The next group only when this one is down to its last test (xdist: its last two), which
-            a worker holds until it knows what follows: a group does not queue behind a long test
-            while the other worker could start it."""
-            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+            """The next group only when this one is down to its last test (xdist: its last two),
+            which a worker holds until it knows what follows: a group does not queue behind a long
+            test while the other worker could start it."""
+            if not node.shutting_down and self.workqueue \
+                    and self._pending_of(self.assigned_work[node]) > 1:
                 return
             super()._reschedule(node)
 
     return GroupScheduling(config, log)
 
 
-# How long each group took in a measured `make test` (seconds, both workers' junit times summed per group):
-# only the order in which the groups start depends on it. Measure again after adding or moving slow tests:
-#     make test PYTEST_ARGS=--junitxml=/tmp/junit.xml && .venv/bin/python tests/workgroups.py /tmp/junit.xml
+# How long each group took in a measured `make test` (seconds, both workers' junit times summed
+# per group): only the order in which the groups start depends on it. Measure again after adding
+# or moving slow tests:
+#     make test PYTEST_ARGS=--junitxml=/tmp/junit.xml &&
+#     .venv/bin/python tests/workgroups.py /tmp/junit.xml
 DURATIONS = Path(__file__).with_name("durations.json")
 
 
@@ -86,10 +93,10 @@ def _measured() -> dict[str, float]:
 
 def _rank(item, measured: dict[str, float]) -> tuple[int, float]:
     """Which groups start first: the longest ones, so that the run ends on short groups on both
-    workers, not on a long one while the other worker idles (the longest first is the classic rule for
-    two machines). Slurm's (a third of the suite) first; then by measured time. A group not measured yet
-    is guessed: a notebook's (its wrong answers run labs) or one with multi-process runs (slow) at a
-    minute, another at ten seconds."""
+    workers, not on a long one while the other worker idles (the longest first is the classic rule
+    for two machines). Slurm's (a third of the suite) first; then by measured time. A group not
+    measured yet is guessed: a notebook's (its wrong answers run labs) or one with multi-process
+    runs (slow) at a minute, another at ten seconds."""
     name = group(item.nodeid)
     if name == "slurm":
         return 0, 0.0
@@ -98,19 +105,22 @@ def _rank(item, measured: dict[str, float]) -> tuple[int, float]:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    if config.getoption("loadgroup", default=False):  # on a worker of --dist loadgroup: the groups' order (stable)
+    # on a worker of --dist loadgroup: the groups' order (stable)
+    if config.getoption("loadgroup", default=False):
         first, measured = {}, _measured()
         for item in items:
             first.setdefault(group(item.nodeid), (_rank(item, measured), len(first)))
         items.sort(key=lambda item: first[group(item.nodeid)])
     strays = [item.nodeid for item in items
-              if {"slurm", "slurm_cluster"} & set(getattr(item, "fixturenames", ())) and group(item.nodeid) != "slurm"]
+              if {"slurm", "slurm_cluster"} & set(getattr(item, "fixturenames", ()))
+              and group(item.nodeid) != "slurm"]
     if strays:
         why = (f"these tests use the local Slurm cluster: add their modules to SLURM_MODULES in "
                f"tests/workgroups.py (one cluster, one worker): {strays}")
         if not hasattr(config, "workerinput"):
             raise pytest.UsageError(why)
-        items.clear()  # on an xdist worker a UsageError crashes the controller: stop the run with the reason
+        # on an xdist worker a UsageError crashes the controller: stop the run with the reason
+        items.clear()
         session.shouldstop = why
 
 
@@ -119,7 +129,8 @@ def durations(junit: str | Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for case in ET.parse(junit).iter("testcase"):
         module, _, rest = case.get("classname", "").partition(".")
-        path = f"{module}/{rest}" + ("" if rest.endswith(".ipynb") else ".py")  # tests.test_x / solutions.01_x.ipynb
+        # tests.test_x / solutions.01_x.ipynb
+        path = f"{module}/{rest}" + ("" if rest.endswith(".ipynb") else ".py")
         name = group(f"{path}::{case.get('name')}")
         out[name] = round(out.get(name, 0.0) + float(case.get("time", 0)), 1)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -10,7 +10,8 @@ WRONG = {
             "how much should each shard's gradient weigh?"),
         "weights m_k not divided by n": ("return sum(m * g for m, g in zip(sizes, grads))",
             "how much should each shard's gradient weigh?"),
-        "a sum, without any weights": ("return sum(grads)", "how much should each shard's gradient weigh?"),
+        "a sum, without any weights": ("return sum(grads)",
+            "how much should each shard's gradient weigh?"),
         "weights 1/m_k (the shard sizes inverted)": ("""
             n = sum(sizes)
             return sum(g / m for m, g in zip(sizes, grads)) * n / len(grads) ** 2""",
@@ -24,7 +25,8 @@ WRONG = {
         "a sum without /K": (Lab("grad_average.py", HINT, """
             loss.backward()
             for p in model.parameters():
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)"""), "divided by the number of ranks once?"),
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)"""),
+            "divided by the number of ranks once?"),
         "divided by K twice": (Lab("grad_average.py", HINT, """
             loss.backward()
             for p in model.parameters():

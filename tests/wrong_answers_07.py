@@ -37,7 +37,8 @@ for (mode, k), rate in rates.items():
     numbers[(mode, k)] = (rate, rate / base, rate / base if mode == "weak" else rate / (k * base))
 return numbers
 """, "T(K) / (K · T(1)), for weak scaling too"),
-        "the warm-up window kept": (RATES.replace("steady = windows[1:]", "steady = windows") + RIGHT_RATIOS,
+        "the warm-up window kept": (
+            RATES.replace("steady = windows[1:]", "steady = windows") + RIGHT_RATIOS,
             "That is the warm-up window kept"),
         "throughput from elapsed_s (start-up and logging inside)": ("""
 rates = {}

@@ -15,7 +15,9 @@ BUGS = {
     "no_set_device": "return torch.load(path)",
     "no_barrier": "",
     "rank0_accuracy": "",
-    "padded_eval": "shard = list(DistributedSampler(range(len(labels)), shuffle=False))  # DDP: this rank's test images",
+    "padded_eval": """
+        shard = list(DistributedSampler(range(len(labels)),
+                                        shuffle=False))  # DDP: this rank's test images""",
     "unscaled_lr": "lr = args.lr",
     "skipped_collective": """
         if rank == 0:  # DDP: only rank 0 prints the accuracy, so only rank 0 measures it
@@ -26,16 +28,19 @@ BUGS = {
         dist.all_gather(gathered, wrong)  # DDP: every rank's indices""",
 }
 ORDER = list(BUGS)  # the notebook's order: exercise N fixes ORDER[N - 1]
-# What each check must say when the fixed twin still holds the bug: the symptom, in the check's words
+# What each check must say when the fixed twin still holds the bug: the symptom, in the check's
+# words
 SAYS = {
     "no_set_epoch": "is not the sampler's order for epoch 1",
     "download_race": "2 downloads: only rank 0 should download",
-    "no_set_device": "could not load the checkpoint: Attempting to deserialize object on a CUDA device",  # either rank
+    "no_set_device": "could not load the checkpoint: "
+                     "Attempting to deserialize object on a CUDA device",  # either rank
     "no_barrier": "a rank read before rank 0 had written the file",
     "rank0_accuracy": "rank 0 reports 5,000 images, not 10,000",
     "padded_eval": "10,002 images tested, not 10,000",
     "unscaled_lr": "lr 0.016 for a global batch of 512; the linear rule gives 0.032",
-    "skipped_collective": "waited its whole timeout and no other rank joined it",  # the hang, named by dpcourse.explain
+    # the hang, named by dpcourse.explain
+    "skipped_collective": "waited its whole timeout and no other rank joined it",
     "shape_mismatch": "doesn't match expected size",  # gloo's own words, from the rank that crashed
 }
 
@@ -50,8 +55,9 @@ def fix(name: str, code: str, says: str) -> tuple[Lab, str]:
 
 OTHER = {
     "no_set_epoch": {
-        "a different epoch number on each rank": fix("no_set_epoch", "sampler.set_epoch(epoch + rank)",
-                                                         "every rank must call set_epoch with the same number"),
+        "a different epoch number on each rank": fix(
+            "no_set_epoch", "sampler.set_epoch(epoch + rank)",
+            "every rank must call set_epoch with the same number"),
     },
     "download_race": {
         "every rank downloads, then a barrier": fix("download_race", """
@@ -63,26 +69,31 @@ OTHER = {
             "no_set_device", 'return torch.load(path, map_location="cpu")', "not meta"),
     },
     "no_barrier": {
-        "a long enough sleep instead of a barrier (a guess)": fix("no_barrier", "time.sleep(6)", "a pause long enough here is a guess"),
+        "a long enough sleep instead of a barrier (a guess)": fix(
+            "no_barrier", "time.sleep(6)", "a pause long enough here is a guess"),
     },
     "rank0_accuracy": {
         "summed, then divided by the world size (a mean of the shards)": fix("rank0_accuracy", """
             totals = torch.tensor([correct, count], dtype=torch.float64)
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-            correct, count = (totals / world_size).tolist()""", "rank 0 reports 5,000 images, not 10,000"),
+            correct, count = (totals / world_size).tolist()""",
+            "rank 0 reports 5,000 images, not 10,000"),
     },
     "padded_eval": {
         "drop_last: the remainder never tested": fix("padded_eval", """
-            shard = list(DistributedSampler(range(len(labels)), shuffle=False, drop_last=True))""", "9,999 images tested, not 10,000"),
+            shard = list(DistributedSampler(range(len(labels)), shuffle=False, drop_last=True))""",
+            "9,999 images tested, not 10,000"),
     },
     "unscaled_lr": {
-        "square-root scaling": fix("unscaled_lr", "lr = args.lr * (global_batch / args.batch_size) ** 0.5",
+        "square-root scaling": fix("unscaled_lr",
+                                   "lr = args.lr * (global_batch / args.batch_size) ** 0.5",
                                    "lr 0.0226274 for a global batch of 512"),
     },
     "skipped_collective": {  # any other skipped collective hangs the same way as the bug
         "every rank evaluates and prints": fix("skipped_collective", """
             accuracy = evaluate(model, test, rank, world_size)
-            print(f"test accuracy {accuracy:.4f} after {args.steps} steps", flush=True)""", "and only rank 0 prints"),
+            print(f"test accuracy {accuracy:.4f} after {args.steps} steps", flush=True)""",
+            "and only rank 0 prints"),
         "rank 0 tests its own share, no collective": fix("skipped_collective", """
             if rank == 0:
                 x, y = test[torch.arange(0, len(test), world_size)]

@@ -1,6 +1,7 @@
 """Bug hunt: rank 0 writes a file that every rank then reads.
 
-    torchrun --standalone --nproc-per-node 2 labs/bugs/no_barrier_fixed.py --dir /tmp/stats
+    torchrun --standalone --nproc-per-node 2 labs/bugs/no_barrier_fixed.py \
+        --dir /tmp/stats
 
 Rank 0 computes the training images' mean and standard deviation (what the inputs are
 normalised with) and writes them to <dir>/stats.json; every rank then reads that file. A rank
@@ -23,7 +24,8 @@ FALLBACK = {"mean": 0.5, "std": 0.5}
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 
@@ -53,14 +55,15 @@ def main(args):
         stats, source = json.loads(path.read_text()), "read from stats.json"
     except (FileNotFoundError, ValueError):  # not there yet, or half-written
         stats, source = FALLBACK, "stats.json not there: the fallback"
-    print(f"rank {rank} normalises with mean {stats['mean']:.4f}, std {stats['std']:.4f} ({source}, "
-          f"after {read_s:.2f} s)", flush=True)
+    print(f"rank {rank} normalises with mean {stats['mean']:.4f}, std {stats['std']:.4f} "
+          f"({source}, after {read_s:.2f} s)", flush=True)
     stats = {**stats, "read_s": read_s}
 
     everyone = [None] * world_size
     dist.all_gather_object(everyone, stats)  # DDP: rank 0 collects what each rank uses
     if rank == 0:  # DDP: one rank reports
-        agree = all((s["mean"], s["std"]) == (everyone[0]["mean"], everyone[0]["std"]) for s in everyone)
+        agree = all((s["mean"], s["std"]) == (everyone[0]["mean"], everyone[0]["std"])
+                    for s in everyone)
         print(f"the {world_size} ranks normalise {'alike' if agree else 'DIFFERENTLY'}", flush=True)
         JsonLog(args.log_json).write("done", world_size=world_size, stats=everyone, agree=agree)
     cleanup()
@@ -70,7 +73,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", required=True, help="a folder every rank sees (start it empty)")
     parser.add_argument("--data-root", default=None)
-    parser.add_argument("--slow-s", type=float, default=0.0, help="extra seconds rank 0 takes to write the file")
+    parser.add_argument("--slow-s", type=float, default=0.0,
+                        help="extra seconds rank 0 takes to write the file")
     parser.add_argument("--timeout", type=float, default=30, help="seconds a collective may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())

@@ -18,7 +18,8 @@ from dpcourse.metrics import JsonLog
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 
@@ -48,8 +49,10 @@ def main(args):
     dist.all_gather_object(everyone, orders)  # DDP: rank 0 collects every rank's orders
     if rank == 0:  # DDP: one rank reports
         repeats = sum(orders[e] == orders[0] for e in range(1, args.epochs))
-        print(f"{repeats} of the {args.epochs - 1} later epochs repeat epoch 0's order on rank 0", flush=True)
-        JsonLog(args.log_json).write("done", world_size=world_size, orders=everyone, repeats=repeats)
+        print(f"{repeats} of the {args.epochs - 1} later epochs repeat epoch 0's order on rank 0",
+              flush=True)
+        JsonLog(args.log_json).write("done", world_size=world_size, orders=everyone,
+                                     repeats=repeats)
     cleanup()
 
 

@@ -5,7 +5,8 @@
 
 The model is a nearest-class-mean classifier built from the training images (the same on
 every rank, and quick). Each rank evaluates its share of the 10,000 test images; rank 0
-prints the accuracy and the number of images behind it. Lines there because of distribution: `# DDP:`.
+prints the accuracy and the number of images behind it. Lines there because of distribution:
+`# DDP:`.
 """
 import argparse
 from datetime import timedelta
@@ -20,7 +21,8 @@ from dpcourse.metrics import JsonLog
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 
@@ -41,7 +43,8 @@ def main(args):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     means = class_means(args.data_root)
     images, labels = load_fashion_mnist(args.data_root, train=False)
-    shard = list(DistributedSampler(range(len(labels)), shuffle=False))  # DDP: this rank's test images
+    shard = list(DistributedSampler(range(len(labels)),
+                                    shuffle=False))  # DDP: this rank's test images
     predicted = torch.cdist(images[shard].flatten(1).float() / 255, means).argmin(1)
     correct, count = (predicted == labels[shard]).sum().item(), len(shard)
 
@@ -50,8 +53,8 @@ def main(args):
     #       over all ranks
     raise NotImplementedError("Exercise: see the hint above")
     if rank == 0:  # DDP: one rank reports
-        print(f"test accuracy {correct / count:.4f}: {int(correct):,} right of {int(count):,} images "
-              f"({world_size} process(es))", flush=True)
+        print(f"test accuracy {correct / count:.4f}: {int(correct):,} right of "
+              f"{int(count):,} images ({world_size} process(es))", flush=True)
         JsonLog(args.log_json).write("done", world_size=world_size, test_accuracy=correct / count,
                                      correct=int(correct), test_images=int(count))
     cleanup()

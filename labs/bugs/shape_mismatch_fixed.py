@@ -19,7 +19,8 @@ from dpcourse.metrics import JsonLog
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 
@@ -53,14 +54,17 @@ def main(args):
     if rank == 0:  # DDP: one rank reports
         every = torch.cat(gathered).sort().values  # every misclassified test image, from all ranks
         guess = torch.cdist(images[every].flatten(1).float() / 255, means).argmin(1)
-        confused = torch.zeros(10, 10, dtype=torch.long).index_put_((labels[every], guess), torch.tensor(1), accumulate=True)
+        confused = torch.zeros(10, 10, dtype=torch.long).index_put_(
+            (labels[every], guess), torch.tensor(1), accumulate=True)
         worst = divmod(confused.argmax().item(), 10)
         accuracy = 1 - len(every) / len(labels)
-        print(f"{len(every):,} of {len(labels):,} test images wrong: accuracy {accuracy:.4f}; most confused: "
-              f"{CLASSES[worst[0]]} taken for {CLASSES[worst[1]]} {confused.max().item()} times", flush=True)
-        JsonLog(args.log_json).write("done", world_size=world_size, test_accuracy=accuracy, wrong=len(every),
-                                     correct=len(labels) - len(every),
-                                     distinct=len(set(every.tolist())), gathered=[len(g) for g in gathered])
+        print(f"{len(every):,} of {len(labels):,} test images wrong: accuracy {accuracy:.4f}; "
+              f"most confused: {CLASSES[worst[0]]} taken for {CLASSES[worst[1]]} "
+              f"{confused.max().item()} times", flush=True)
+        JsonLog(args.log_json).write("done", world_size=world_size, test_accuracy=accuracy,
+                                     wrong=len(every), correct=len(labels) - len(every),
+                                     distinct=len(set(every.tolist())),
+                                     gathered=[len(g) for g in gathered])
     cleanup()
 
 

@@ -1,6 +1,7 @@
 """Bug hunt: train, then report the test accuracy.
 
-    torchrun --standalone --nproc-per-node 2 labs/bugs/skipped_collective.py --timeout 5
+    torchrun --standalone --nproc-per-node 2 labs/bugs/skipped_collective.py \
+        --timeout 5
 
 A linear classifier on FashionMNIST, wrapped in DDP, trains for --steps steps; then the test
 accuracy is measured on all 10,000 images (each rank tests its share, the counts are summed)
@@ -22,7 +23,8 @@ from dpcourse.metrics import JsonLog
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 
@@ -35,7 +37,8 @@ def evaluate(model, test, rank, world_size):
     """Accuracy on the whole test set: each rank tests its share, then the counts are summed."""
     x, y = test[torch.arange(rank, len(test), world_size)]  # DDP: images r, r+K, r+2K, ...
     with torch.no_grad():
-        totals = torch.tensor([(model(x.flatten(1)).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+        totals = torch.tensor([(model(x.flatten(1)).argmax(1) == y).sum().item(), len(y)],
+                              dtype=torch.float64)
     dist.all_reduce(totals)  # DDP: correct answers and images, summed over the ranks
     return (totals[0] / totals[1]).item()
 
@@ -44,9 +47,11 @@ def main(args):
     setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     start = time.perf_counter()
-    train, test = InMemoryFashionMNIST(args.data_root, train=True), InMemoryFashionMNIST(args.data_root, train=False)
+    train, test = (InMemoryFashionMNIST(args.data_root, train=True),
+                   InMemoryFashionMNIST(args.data_root, train=False))
     torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(28 * 28, 10))  # DDP: gradients averaged over the ranks in backward()
+    # DDP: gradients averaged over the ranks in backward()
+    model = DDP(torch.nn.Linear(28 * 28, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(args.steps):
         x, y = train[torch.randint(len(train), (64,))]

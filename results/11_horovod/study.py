@@ -1,5 +1,5 @@
-"""The runs behind notebook 11 where Horovod is not installed, and its one-process overheads measured
-with more care than a notebook cell can afford.
+"""The runs behind notebook 11 where Horovod is not installed, and its one-process overheads
+measured with more care than a notebook cell can afford.
 
     make horovod && .venv/bin/python results/11_horovod/study.py      # about 8 minutes on 2 cores
 
@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 BIN = Path(sys.executable).parent
 DDP, HVD = "solutions/labs/fashion_ddp.py", "solutions/labs/fashion_horovod.py"
-SIDE_BY_SIDE = ["--global-batch-size", "128", "--max-steps", "240", "--eval-every", "60", "--log-every", "20"]
+SIDE_BY_SIDE = ["--global-batch-size", "128", "--max-steps", "240", "--eval-every", "60",
+                "--log-every", "20"]
 ONE = ["--global-batch-size", "128", "--max-steps", "600", "--no-eval", "--log-every", "25"]
 ROUNDS = 5
 
@@ -38,7 +39,8 @@ def command(lab, nproc, args, log):
 
 
 def run(cmd, threads, record):
-    record.append({"command": f"OMP_NUM_THREADS={threads} " + shlex.join(os.path.relpath(c, ROOT) if c.startswith("/") else c for c in cmd),
+    record.append({"command": f"OMP_NUM_THREADS={threads} " + shlex.join(
+                       os.path.relpath(c, ROOT) if c.startswith("/") else c for c in cmd),
                    "load_before": round(os.getloadavg()[0], 2)})
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "OMP_NUM_THREADS": str(threads), "TQDM_DISABLE": "1"})
@@ -46,7 +48,8 @@ def run(cmd, threads, record):
 
 def median_rate(log: Path) -> float:
     recs = [json.loads(line) for line in log.read_text().splitlines()]
-    return statistics.median(r["samples_per_s"] for r in recs if r["event"] == "train" and r["step"] > 25)
+    return statistics.median(r["samples_per_s"] for r in recs
+                             if r["event"] == "train" and r["step"] > 25)
 
 
 def main():
@@ -65,11 +68,13 @@ def main():
     overhead = {k: statistics.median(v) for k, v in rates.items()}
     (HERE / "overhead.json").write_text(json.dumps(overhead, indent=1) + "\n")
     (HERE / "study.json").write_text(json.dumps({
-        "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+        "machine": f"{platform.node()}: {os.cpu_count()} CPUs, "
+                   f"{platform.processor() or platform.machine()}",
         "rounds": rates, "runs": runs}, indent=1) + "\n")
     for lib in ("DDP", "Horovod"):
         plain, wrapped = overhead[f"{lib} plain"], overhead[f"{lib} wrapped"]
-        print(f"{lib:8s} plain {plain:7,.0f} images/s, wrapped {wrapped:7,.0f}: {wrapped / plain:.1%} of plain "
+        print(f"{lib:8s} plain {plain:7,.0f} images/s, wrapped {wrapped:7,.0f}: "
+              f"{wrapped / plain:.1%} of plain "
               f"(rounds: {rates[f'{lib} plain']} / {rates[f'{lib} wrapped']})")
 
 

@@ -1,15 +1,17 @@
 """Beyond data parallelism: split the model itself, by layer (tensor) or by layer groups (pipeline).
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/beyond_dp.py                 # both parts
-    torchrun --standalone --nproc-per-node 2 solutions/labs/beyond_dp.py --part pipeline --micro-batches 1 2 4 8
+    torchrun --standalone --nproc-per-node 2 solutions/labs/beyond_dp.py  # both parts
+    torchrun --standalone --nproc-per-node 2 solutions/labs/beyond_dp.py --part pipeline \
+        --micro-batches 1 2 4 8
 
 Tensor parallelism (Megatron-LM's MLP, Shoeybi et al. 2019): the MLP ``Linear(d, 4d) → GELU →
 Linear(4d, d)`` split over P ranks. Rank r holds a block of the first layer's output features
 (rows of its weight matrix: a "column-parallel" layer, named after the columns of the output it
 splits), so 4d/P of the hidden units, whole; and the same block of the second layer's input
-features (columns of its weight: "row-parallel"), so a partial sum of every output number. One all-reduce of the [batch, d] output in forward, and one of
-the input's gradient in backward: the weights never travel. The check: the output, the input's
-gradient and every shard's weight gradient equal the whole MLP's (torch.allclose).
+features (columns of its weight: "row-parallel"), so a partial sum of every output number. One
+all-reduce of the [batch, d] output in forward, and one of the input's gradient in backward: the
+weights never travel. The check: the output, the input's gradient and every shard's weight gradient
+equal the whole MLP's (torch.allclose).
 
 Pipeline parallelism (GPipe, Huang et al. 2019): the layers in P groups, one per rank; the
 batch in --micro-batches pieces. Each stage computes a micro-batch's forward as soon as the
@@ -68,7 +70,8 @@ class SumOverRanks(torch.autograd.Function):
 
 
 class TensorParallelMLP(nn.Module):
-    """This rank's shard of ``full`` (Linear(d, 4d), GELU, Linear(4d, d)): a block of about 4d/P hidden units."""
+    """This rank's shard of ``full`` (Linear(d, 4d), GELU, Linear(4d, d)): a block of about 4d/P
+    hidden units."""
 
     def __init__(self, full, rank, world_size):
         super().__init__()
@@ -92,7 +95,8 @@ class TensorParallelMLP(nn.Module):
 
 
 def tensor_part(args, env, log):
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: which shard is mine, of how many
+    # DDP: which shard is mine, of how many
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     d = args.width
     torch.manual_seed(args.seed)  # the whole MLP, the same on every rank: the reference
     full = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)).to(env.device)
@@ -106,17 +110,21 @@ def tensor_part(args, env, log):
     checks = {
         "output": (y_tp, y_full),
         "input's gradient": (x_tp.grad, x_full.grad),
-        "first weight's gradient (my rows)": (shard.up.weight.grad, full[0].weight.grad[shard.mine]),
-        "second weight's gradient (my columns)": (shard.down.weight.grad, full[2].weight.grad[:, shard.mine]),
+        "first weight's gradient (my rows)": (shard.up.weight.grad,
+                                              full[0].weight.grad[shard.mine]),
+        "second weight's gradient (my columns)": (shard.down.weight.grad,
+                                                  full[2].weight.grad[:, shard.mine]),
         "output bias's gradient": (shard.bias.grad, full[2].bias.grad),
     }
-    mine = [name for name, (a, b) in checks.items() if not torch.allclose(a, b, rtol=1e-4, atol=1e-6)]
+    mine = [name for name, (a, b) in checks.items()
+            if not torch.allclose(a, b, rtol=1e-4, atol=1e-6)]
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)  # DDP: what differs on each rank, on every rank
     wrong = [f"{name} (rank {r})" for r, names in enumerate(everyone) for name in names]
     params = sum(p.numel() for p in full.parameters())
     sent = 2 * args.batch_size * d  # one all-reduce of [batch, d] forward, one backward
-    log.write("tensor", width=d, batch=args.batch_size, params=params, shard_params=sum(p.numel() for p in shard.parameters()),
+    log.write("tensor", width=d, batch=args.batch_size, params=params,
+              shard_params=sum(p.numel() for p in shard.parameters()),
               wrong=wrong, allreduce_numbers_tp=sent, allreduce_numbers_dp=params)
     if rank == 0:  # DDP: one rank prints
         print(f"tensor parallel MLP {d} → {4 * d} → {d} on {world_size} ranks: each holds "
@@ -125,17 +133,21 @@ def tensor_part(args, env, log):
               "(the gradients) under data parallelism")
         if wrong:
             print(f"  WRONG: {', '.join(wrong)} differ from the whole MLP's")
-        print(f"  output and gradients equal to the whole MLP's on every rank: {'ok' if not wrong else 'WRONG'}")
+        print(f"  output and gradients equal to the whole MLP's on every rank: "
+              f"{'ok' if not wrong else 'WRONG'}")
     return not wrong
 
 
 # ---------------------------------------------------------------- pipeline parallelism
 def stage_layers(args, rank, world_size, device):
-    """The whole model's layers (seeded: every rank builds the same), and this rank's group of them."""
+    """The whole model's layers (seeded: every rank builds the same), and this rank's group of
+    them."""
     torch.manual_seed(args.seed)
-    layers = [nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh()) for _ in range(args.layers)]
+    layers = [nn.Sequential(nn.Linear(args.width, args.width), nn.Tanh())
+              for _ in range(args.layers)]
     per = args.layers // world_size  # DDP: my group of consecutive layers
-    return nn.Sequential(*layers).to(device), nn.Sequential(*layers[rank * per:(rank + 1) * per]).to(device)
+    return (nn.Sequential(*layers).to(device),
+            nn.Sequential(*layers[rank * per:(rank + 1) * per]).to(device))
 
 
 def gpipe_step(stage, x, y, M, rank, world_size, clock):
@@ -198,7 +210,8 @@ def pipeline_part(args, env, log):
         same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(mine, ref))
         everyone = [None] * world_size
         # DDP: every stage's timings and verdict, on every rank
-        dist.all_gather_object(everyone, {"rank": rank, "busy_s": busy, "intervals": intervals, "same": same})
+        dist.all_gather_object(everyone, {"rank": rank, "busy_s": busy, "intervals": intervals,
+                                          "same": same})
         ok = ok and all(r["same"] for r in everyone)
         rows.append((M, step_s, everyone))
     for M, step_s, everyone in rows[1:]:
@@ -212,7 +225,8 @@ def pipeline_part(args, env, log):
                   f"{step_s * 1000:6.1f} ms; idle {', '.join(f'{b:.0%}' for b in bubble)} of it "
                   f"(stage 0, 1, ...); GPipe's bubble (P-1)/(M+P-1) = {theory:.0%}")
     if rank == 0:
-        print(f"  gradients equal to one process's on the whole batch, for every M: {'ok' if ok else 'WRONG'}")
+        print(f"  gradients equal to one process's on the whole batch, for every M: "
+              f"{'ok' if ok else 'WRONG'}")
     return ok
 
 
@@ -235,7 +249,8 @@ def main(args):
     if env.world_size < 2:
         ddp_env.stop(env, "split a model over at least 2 ranks: "
                      "torchrun --standalone --nproc-per-node 2 labs/beyond_dp.py")
-    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)  # DDP: rank 0 logs
+    # DDP: rank 0 logs
+    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     ok = True
     if args.part in ("tensor", "both"):
         ok = tensor_part(args, env, log) and ok
@@ -247,15 +262,21 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", default="both", choices=["tensor", "pipeline", "both"], help="which to run")
-    parser.add_argument("--width", type=int, default=1024, help="d: the MLP's (and each layer's) width")
-    parser.add_argument("--layers", type=int, default=8, help="pipeline: layers, split into equal stages")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", default="both", choices=["tensor", "pipeline", "both"],
+                        help="which to run")
+    parser.add_argument("--width", type=int, default=1024,
+                        help="d: the MLP's (and each layer's) width")
+    parser.add_argument("--layers", type=int, default=8,
+                        help="pipeline: layers, split into equal stages")
     parser.add_argument("--batch-size", type=int, default=512, help="the whole batch")
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8], help="pipeline: M to try")
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8],
+                        help="pipeline: M to try")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
-    parser.add_argument("--log-json", default=None, help="rank 0 writes one JSON line per part and M")
+    parser.add_argument("--log-json", default=None,
+                        help="rank 0 writes one JSON line per part and M")
     main(parser.parse_args())

@@ -31,7 +31,8 @@ def all_reduce_by_parts(t):
     buffer = torch.zeros(chunk * world_size, dtype=t.dtype, device=t.device)
     buffer[:flat.numel()] = flat  # zeros in the padding add nothing to the sums
     mine = torch.empty(chunk, dtype=t.dtype, device=t.device)
-    dist.reduce_scatter_single(mine, buffer, op=dist.ReduceOp.SUM)  # DDP: rank r: Σ over ranks of chunk r
+    # DDP: rank r: Σ over ranks of chunk r
+    dist.reduce_scatter_single(mine, buffer, op=dist.ReduceOp.SUM)
     dist.all_gather_single(buffer, mine)  # DDP: every rank: the P summed chunks, in rank order
     t.copy_(buffer[:flat.numel()].view_as(t))  # in place, as dist.all_reduce does
     ### END SOLUTION
@@ -67,7 +68,8 @@ class Calls:
 
     @staticmethod
     def _refuse(*args, **kwargs):
-        raise AssertionError("it calls dist.all_reduce itself: compose it from reduce_scatter and all_gather")
+        raise AssertionError("it calls dist.all_reduce itself: "
+                             "compose it from reduce_scatter and all_gather")
 
     def used(self, prefix):
         return sum(n for name, n in self.counts.items() if name.startswith(prefix))
@@ -87,18 +89,20 @@ def diagnose(got, before, expected, world_size):
     if torch.allclose(got, expected, rtol=1e-6, atol=1e-6):
         return None
     if torch.equal(got, before):
-        return ("t still holds this rank's own values: did the summed chunks come back (all_gather), "
-                "and go into t itself, in place (t.copy_(...))?")
+        return ("t still holds this rank's own values: did the summed chunks come back "
+                "(all_gather), and go into t itself, in place (t.copy_(...))?")
     if torch.allclose(got * world_size, expected, rtol=1e-6, atol=1e-6):
         return "the average, not the sum (all_reduce's default op is SUM)"
     wrong = (~torch.isclose(got, expected, rtol=1e-6, atol=1e-6)).nonzero()
     first = wrong[0].tolist()
     return (f"{len(wrong)} of {got.numel()} values differ from dist.all_reduce's, the first at "
-            f"index {first}: {got[tuple(first)].item():.4g} instead of {expected[tuple(first)].item():.4g}")
+            f"index {first}: {got[tuple(first)].item():.4g} "
+            f"instead of {expected[tuple(first)].item():.4g}")
 
 
 def check(args, env, log):
-    """Every case on every rank against dist.all_reduce; rank 0 prints one verdict. True if right."""
+    """Every case on every rank against dist.all_reduce; rank 0 prints one verdict. True if
+    right."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     gen = torch.Generator().manual_seed(args.seed + rank)  # DDP: different data on each rank
     todo, problem = cases(world_size), None
@@ -113,14 +117,15 @@ def check(args, env, log):
             except NotImplementedError as err:  # the learner's stub: every rank meets it
                 line = traceback.extract_tb(err.__traceback__)[-1].lineno
                 if rank == 0:
-                    print(f"all_reduce_by_parts: not done yet — NotImplementedError: {err} (line {line})",
-                          flush=True)
+                    print(f"all_reduce_by_parts: not done yet — NotImplementedError: {err} "
+                          f"(line {line})", flush=True)
                 return False
             except (RuntimeError, ValueError, AssertionError) as err:  # the same on every rank
                 why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
                 if t.numel() % world_size:  # the usual cause: chunks of unequal sizes
-                    why += (f" ({t.numel()} values do not split evenly over {world_size} ranks: pad t to a multiple "
-                            f"of {world_size} first, and cut the padding off at the end)")
+                    why += (f" ({t.numel()} values do not split evenly over {world_size} ranks: "
+                            f"pad t to a multiple of {world_size} first, and cut the padding off "
+                            "at the end)")
                 problem = (i, why)
                 break
             # DDP: the first rank (if any) that got this case wrong, known to every rank
@@ -132,16 +137,19 @@ def check(args, env, log):
                 problem = (i, f"rank {bad.item()}: {why_all[bad.item()]}")
                 break
         if problem is None and (calls.used("reduce_scatter") == 0 or calls.used("all_gather") == 0):
-            missing = " and ".join(n for n in ("reduce_scatter", "all_gather") if calls.used(n) == 0)
-            problem = (None, f"right values, but no {missing} call: compose it from reduce_scatter and all_gather")
+            missing = " and ".join(n for n in ("reduce_scatter", "all_gather")
+                                   if calls.used(n) == 0)
+            problem = (None, f"right values, but no {missing} call: "
+                             "compose it from reduce_scatter and all_gather")
     per_call = {n: c // len(todo) for n, c in calls.counts.items() if c}
     if problem is None:
-        verdict = (f"ok — {len(todo)} cases (sizes 1 to 4099, a 2-D tensor; float32 and float64) equal "
-                   f"dist.all_reduce on {world_size} rank{'s' * (world_size > 1)}; per call: "
+        verdict = (f"ok — {len(todo)} cases (sizes 1 to 4099, a 2-D tensor; float32 and float64) "
+                   f"equal dist.all_reduce on {world_size} rank{'s' * (world_size > 1)}; per call: "
                    + ", ".join(f"{n} ×{c}" for n, c in per_call.items()))
     else:
         i, why = problem
-        where = "" if i is None else f"shape {tuple(todo[i][0])}, {str(todo[i][1]).removeprefix('torch.')}: "
+        where = ("" if i is None else
+                 f"shape {tuple(todo[i][0])}, {str(todo[i][1]).removeprefix('torch.')}: ")
         verdict = f"WRONG — {where}{why}"
     if rank == 0:  # DDP: one rank prints and logs
         print(f"all_reduce_by_parts: {verdict}", flush=True)
@@ -166,7 +174,8 @@ def cleanup():
 
 def main(args):
     env = setup(args)
-    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)  # DDP: rank 0 logs
+    # DDP: rank 0 logs
+    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     ok = check(args, env, log)
     cleanup()
     if not ok:
@@ -175,7 +184,8 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with dist.all_reduce (the default)")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with dist.all_reduce (the default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto"],
                         help="gloo on CPU tensors (default); nccl needs one GPU per rank")

@@ -1,7 +1,9 @@
 """What a process group and DistributedDataParallel do for you, one short demonstration at a time.
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_tour.py init   # env://, tcp://, file://
-    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_tour.py ddp    # broadcast, no_sync, unused
+    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_tour.py init
+        # env://, tcp://, file://
+    torchrun --standalone --nproc-per-node 2 solutions/labs/ddp_tour.py ddp
+        # broadcast, no_sync, unused
 
 (Activate the course's environment first: source .venv/bin/activate.) Rank 0 prints; with
 --log-json it also writes one JSON record per demonstration.
@@ -47,12 +49,14 @@ def init_methods(env, log):
     address and a port in a URL, file:// meets in a file every rank can see."""
     rank, world = env.rank, env.world_size
     start = time.perf_counter()
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=TIMEOUT)  # DDP: join
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,  # DDP: join
+                            timeout=TIMEOUT)
     took = time.perf_counter() - start
     say(f"env://  rank 0 of {world}: all_reduce(rank + 1) = {check_group():g}, set-up {took:.2f} s")
     log.write("init", method="env", sum=check_group(), setup_s=took)
     # Rank 0 picks a port and a file name for the next two and tells the others (a broadcast).
-    choice = [free_port("0.0.0.0"), os.path.join(tempfile.gettempdir(), f"dpcourse-rdzv-{os.getpid()}")]
+    choice = [free_port("0.0.0.0"),
+              os.path.join(tempfile.gettempdir(), f"dpcourse-rdzv-{os.getpid()}")]
     dist.broadcast_object_list(choice, src=0)  # DDP: rank 0's port and file name, to every rank
     port, path = choice
     dist.destroy_process_group()  # DDP: leave the env:// group: the next two meet anew
@@ -62,10 +66,12 @@ def init_methods(env, log):
 
     for method, url in (("tcp", f"tcp://{os.environ['MASTER_ADDR']}:{port}"), ("file", f"file://{path}")):
         start = time.perf_counter()
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world, timeout=TIMEOUT)  # DDP: join
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,  # DDP: join
+                                timeout=TIMEOUT)
         took = time.perf_counter() - start
         total = check_group()
-        say(f"{method}://  rank 0 of {world}: all_reduce(rank + 1) = {total:g}, set-up {took:.2f} s   ({url})")
+        say(f"{method}://  rank 0 of {world}: all_reduce(rank + 1) = {total:g}, "
+            f"set-up {took:.2f} s   ({url})")
         log.write("init", method=method, sum=total, setup_s=took)
         dist.barrier()  # DDP: nobody leaves before every rank has arrived
         dist.destroy_process_group()  # DDP: leave this group, before the next one or the exit
@@ -117,7 +123,8 @@ def accumulate_with_no_sync(log, micro=8, accum=4):
     """
     rank, world = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     g = torch.Generator().manual_seed(0)  # the same global batch on every rank
-    x, y = torch.randn(micro * accum * world, 8, generator=g), torch.randint(0, 4, (micro * accum * world,), generator=g)
+    x, y = (torch.randn(micro * accum * world, 8, generator=g),
+            torch.randint(0, 4, (micro * accum * world,), generator=g))
     reference = small_net(seed=0)  # one process, the whole global batch at once
     F.cross_entropy(reference(x), y).backward()
 
@@ -131,11 +138,14 @@ def accumulate_with_no_sync(log, micro=8, accum=4):
                 with model.no_sync():  # DDP: accumulate locally, no communication
                     (F.cross_entropy(model(x[part]), y[part]) / accum).backward()
             else:
-                (F.cross_entropy(model(x[part]), y[part]) / accum).backward()  # DDP: all-reduce here
-        diff = max((p.grad - r.grad).abs().max().item() for p, r in zip(model.parameters(), reference.parameters()))
+                # DDP: all-reduce here
+                (F.cross_entropy(model(x[part]), y[part]) / accum).backward()
+        diff = max((p.grad - r.grad).abs().max().item()
+                   for p, r in zip(model.parameters(), reference.parameters()))
         label = "with no_sync" if use_no_sync else "without    "
-        say(f"{label}: {calls['n']} all-reduce call(s) for {accum} micro-batches of {micro} on {world} ranks "
-            f"(global batch {micro * accum * world}); max |grad - one-process grad| = {diff:.1e}")
+        say(f"{label}: {calls['n']} all-reduce call(s) for {accum} micro-batches of {micro} "
+            f"on {world} ranks (global batch {micro * accum * world}); "
+            f"max |grad - one-process grad| = {diff:.1e}")
         log.write("no_sync", no_sync=use_no_sync, allreduces=calls["n"], max_grad_diff=diff,
                   global_batch=micro * accum * world)
 
@@ -159,7 +169,8 @@ def unused_parameters(log):
     walk over the autograd graph every step)."""
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
     for find in (False, True):
-        model = DDP(TwoHeads(), find_unused_parameters=find)  # DDP: without, then with, the unused-parameter search
+        # DDP: without, then with, the unused-parameter search
+        model = DDP(TwoHeads(), find_unused_parameters=find)
         try:
             for _ in range(2):
                 F.cross_entropy(model(x), y).backward()
@@ -172,12 +183,15 @@ def unused_parameters(log):
 
 def main(args):
     env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank, world size, address, port
-    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)  # DDP: rank 0 logs
+    # DDP: rank 0 logs
+    log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     if args.part == "init":
         init_methods(env, log)
         return
-    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size, timeout=TIMEOUT)  # DDP: join the group
-    warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")  # we show it on purpose
+    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,  # DDP: join the group
+                            timeout=TIMEOUT)
+    # we show it on purpose
+    warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")
     broadcast_at_wrap(log)
     accumulate_with_no_sync(log)
     unused_parameters(log)

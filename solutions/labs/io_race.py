@@ -1,7 +1,9 @@
 """Every rank fetches the same data file at once, and how "rank 0 first" fixes it.
 
-    torchrun --standalone --nproc-per-node 3 solutions/labs/io_race.py --dest /tmp/race --mode naive --arrive 0,0,0.15
-    torchrun --standalone --nproc-per-node 3 solutions/labs/io_race.py --dest /tmp/fixed --mode rank0
+    torchrun --standalone --nproc-per-node 3 solutions/labs/io_race.py --dest /tmp/race \
+        --mode naive --arrive 0,0,0.15
+    torchrun --standalone --nproc-per-node 3 solutions/labs/io_race.py --dest /tmp/fixed \
+        --mode rank0
     srun --ntasks 3 python solutions/labs/io_race.py --dest /shared/scratch/race --mode rank0
 
 (Activate the course's environment first: source .venv/bin/activate.)
@@ -72,7 +74,8 @@ def fetch_if_missing(source, dest, args):
 
 
 def fetch_rank0_first(source, dest, args):
-    """The same code, run by rank 0 first while the other ranks wait; True when this rank downloaded."""
+    """The same code, run by rank 0 first while the other ranks wait; True when this rank
+    downloaded."""
     ### BEGIN SOLUTION (hint: run fetch_if_missing(source, dest, args) on rank 0 first while the others wait (dpcourse.dist has a context manager for it: ddp_env here), then on the others)
     with ddp_env.rank0_first():  # DDP: rank 0 runs the block, then the others do
         downloaded = fetch_if_missing(source, dest, args)
@@ -104,28 +107,34 @@ def main(args):
     dist.barrier()  # DDP: line up, so that the arrival times below are the only difference
     start = time.perf_counter()
     time.sleep(arrive)  # ranks never start at exactly the same moment: another node, a busy disk
-    fetch = fetch_if_missing if args.mode == "naive" else fetch_rank0_first  # naive: every rank at once
+    # naive: every rank at once
+    fetch = fetch_if_missing if args.mode == "naive" else fetch_rank0_first
     downloaded = fetch(source, dest, args)
     read, problem = read_and_verify(dest)
-    outcome = {"rank": rank, "arrived_s": arrive, "downloaded": downloaded, "read_mb": round(read / 1e6, 2),
-               "ok": problem is None, "problem": problem, "done_s": round(time.perf_counter() - start, 3)}
+    outcome = {"rank": rank, "arrived_s": arrive, "downloaded": downloaded,
+               "read_mb": round(read / 1e6, 2), "ok": problem is None, "problem": problem,
+               "done_s": round(time.perf_counter() - start, 3)}
     outcomes = [None] * world_size
-    dist.all_gather_object(outcomes, outcome)  # DDP: every rank's outcome, so rank 0 can report them
+    # DDP: every rank's outcome, so rank 0 can report them
+    dist.all_gather_object(outcomes, outcome)
 
     if rank == 0:  # DDP: one rank reports and logs
         downloads = sum(o["downloaded"] for o in outcomes)
         broken = [o["rank"] for o in outcomes if not o["ok"]]
-        print(f"mode {args.mode}: {world_size} ranks fetch {NAME} ({SIZE / 1e6:.1f} MB) into one shared folder")
+        print(f"mode {args.mode}: {world_size} ranks fetch {NAME} ({SIZE / 1e6:.1f} MB) "
+              "into one shared folder")
         print("rank  arrives  downloaded  read      file")
         for o in outcomes:
-            print(f"{o['rank']:>4}  {o['arrived_s']:5.2f} s  {'yes' if o['downloaded'] else 'no':10}  "
+            print(f"{o['rank']:>4}  {o['arrived_s']:5.2f} s  "
+                  f"{'yes' if o['downloaded'] else 'no':10}  "
                   f"{o['read_mb']:4.1f} MB   {o['problem'] or 'ok'}")
-        print(f"{downloads} download{'s' * (downloads != 1)} ({downloads * SIZE / 1e6:.1f} MB fetched); "
+        print(f"{downloads} download{'s' * (downloads != 1)} "
+              f"({downloads * SIZE / 1e6:.1f} MB fetched); "
               + (f"rank{'s' * (len(broken) > 1)} {', '.join(map(str, broken))} read a broken file"
                  if broken else "every rank read the official file"), flush=True)
         JsonLog(args.log_json, world_size=world_size).write(
-            "fetch", mode=args.mode, downloads=downloads, fetched_mb=round(downloads * SIZE / 1e6, 2),
-            broken=broken, ranks=outcomes)
+            "fetch", mode=args.mode, downloads=downloads,
+            fetched_mb=round(downloads * SIZE / 1e6, 2), broken=broken, ranks=outcomes)
     cleanup()
 
 
@@ -133,12 +142,16 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dest", required=True, help="the shared folder every rank downloads into")
     p.add_argument("--mode", default="rank0", choices=["naive", "rank0"])
-    p.add_argument("--arrive", default="", help="seconds each rank starts late, by rank: e.g. 0,0,0.15")
+    p.add_argument("--arrive", default="",
+                   help="seconds each rank starts late, by rank: e.g. 0,0,0.15")
     p.add_argument("--mb-per-s", type=float, default=20.0, help="the simulated network's speed")
-    p.add_argument("--connect-s", type=float, default=0.05, help="the simulated request's round trip")
-    p.add_argument("--data-root", default=None, help="FashionMNIST folder (default: $DPCOURSE_DATA or data/)")
+    p.add_argument("--connect-s", type=float, default=0.05,
+                   help="the simulated request's round trip")
+    p.add_argument("--data-root", default=None,
+                   help="FashionMNIST folder (default: $DPCOURSE_DATA or data/)")
     p.add_argument("--log-json", default=None, help="rank 0 writes one JSON object per line here")
-    p.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait for a peer")
+    p.add_argument("--timeout", type=float, default=60,
+                   help="seconds a collective may wait for a peer")
     return p.parse_args(argv)
 
 

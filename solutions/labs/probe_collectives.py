@@ -55,17 +55,20 @@ def collectives(rank, world_size, device):
 
     def scatter():
         x = t(-1)
-        dist.scatter(x, [t(r) for r in range(world_size)] if rank == 0 else None, src=0)  # DDP: rank 0's t(r) to rank r
+        # DDP: rank 0's t(r) to rank r
+        dist.scatter(x, [t(r) for r in range(world_size)] if rank == 0 else None, src=0)
         assert x[0] == rank
 
     def reduce_scatter():
         x = t(-1)
-        dist.reduce_scatter(x, [t(r) for r in range(world_size)])  # DDP: t(r) summed over the ranks, to rank r
+        # DDP: t(r) summed over the ranks, to rank r
+        dist.reduce_scatter(x, [t(r) for r in range(world_size)])
         assert x[0] == rank * world_size
 
     def all_to_all():
         out = [t(-1) for _ in range(world_size)]
-        dist.all_to_all(out, [t(rank) for _ in range(world_size)])  # DDP: one tensor from every rank to every rank
+        # DDP: one tensor from every rank to every rank
+        dist.all_to_all(out, [t(rank) for _ in range(world_size)])
         assert [o[0].item() for o in out] == list(range(world_size))
 
     def barrier():
@@ -96,7 +99,8 @@ def main(args):
     log = JsonLog(args.log_json if rank == 0 else None, backend=env.backend, world_size=world_size)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     for device_type in devices:
-        device = env.device if device_type == "cuda" and env.device.type == "cuda" else torch.device(device_type)
+        device = (env.device if device_type == "cuda" and env.device.type == "cuda"
+                  else torch.device(device_type))
         for name, run in collectives(rank, world_size, device).items():
             try:
                 run()
@@ -104,7 +108,8 @@ def main(args):
             except (RuntimeError, AssertionError, ValueError) as err:
                 ok, why = False, (str(err).strip().splitlines() or ["wrong result"])[0][:100]
             if rank == 0:
-                print(f"{env.backend:5} {device_type:4} {name:15} {'yes' if ok else 'no  ' + why}", flush=True)
+                print(f"{env.backend:5} {device_type:4} {name:15} {'yes' if ok else 'no  ' + why}",
+                      flush=True)
             log.write("probe", device=device_type, op=name, ok=ok, error=why)
     cleanup()
 

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 3 solutions/labs/ring_allreduce.py --check  # right?
     torchrun --standalone --nproc-per-node 3 solutions/labs/ring_allreduce.py --show   # watch it
-    python solutions/labs/ring_allreduce.py --check                                     # one process
+    python solutions/labs/ring_allreduce.py --check                                    # one process
 
 Every rank cuts its vector into P chunks (their sizes differ by at most one element).
 
@@ -35,8 +35,9 @@ def setup(args):
     env = ddp_env.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    # DDP: a lost message ends the run
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
-                            timeout=timedelta(seconds=args.timeout))  # DDP: a lost message ends the run
+                            timeout=timedelta(seconds=args.timeout))
     return env
 
 
@@ -112,7 +113,8 @@ def ring_all_reduce(tensor, on_step=None, reference=False):
 def check(args, env, log):
     """The ring against dist.all_reduce: awkward lengths, float32 and float64."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    lengths = sorted({1, 2, world_size - 1 or 1, world_size + 1, 7, 1000, 1001, 65537, *args.lengths})
+    lengths = sorted({1, 2, world_size - 1 or 1, world_size + 1, 7, 1000, 1001, 65537,
+                      *args.lengths})
     failures = 0
     for dtype in (torch.float32, torch.float64):
         for n in lengths:
@@ -135,10 +137,13 @@ def check(args, env, log):
             err = (ours - expected).abs().max().item()
             failures += not ok
             name = str(dtype).removeprefix("torch.")
-            log.write("case", n=n, dtype=name, ok=ok, reduce_scatter_ok=scattered_ok, max_abs_err=err)
+            log.write("case", n=n, dtype=name, ok=ok, reduce_scatter_ok=scattered_ok,
+                      max_abs_err=err)
             if rank == 0 and not ok:  # DDP: one rank reports
-                why = "" if scattered_ok else ": after reduce-scatter, a rank's finished chunk is not the sum"
-                print(f"WRONG: {n} elements, {name}: max |ring − all_reduce| = {err:.3g}{why}", flush=True)
+                why = ("" if scattered_ok else
+                       ": after reduce-scatter, a rank's finished chunk is not the sum")
+                print(f"WRONG: {n} elements, {name}: max |ring − all_reduce| = {err:.3g}{why}",
+                      flush=True)
     cases = 2 * len(lengths)
     if rank == 0:
         verdict = "ok" if not failures else "WRONG"
@@ -151,7 +156,8 @@ def check(args, env, log):
 # ---------------------------------------------------------------- --show
 def show(args, env, log):
     """Rank r holds 10^r · (1, 2, 3, …): a digit of a sum tells which ranks' numbers are in it."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: rank r holds 10^r · (1, 2, …), P chunks
+    # DDP: rank r holds 10^r · (1, 2, …), P chunks
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     n = args.per_chunk * world_size
     tensor = (10.0 ** rank) * torch.arange(1, n + 1, dtype=torch.float64, device=env.device)
 
@@ -193,14 +199,18 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with dist.all_reduce (the default)")
-    parser.add_argument("--show", action="store_true", help="print every rank's vector after each step")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with dist.all_reduce (the default)")
+    parser.add_argument("--show", action="store_true",
+                        help="print every rank's vector after each step")
     parser.add_argument("--reference", action="store_true",
-                        help="--show: the course library's ring (dpcourse.allreduce), not this file's")
+                        help="--show: the course library's ring (dpcourse.allreduce), "
+                             "not this file's")
     parser.add_argument("--per-chunk", type=int, default=2, help="--show: elements per chunk")
     parser.add_argument("--lengths", type=int, nargs="*", default=[], help="--check: more lengths")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--timeout", type=float, default=30, help="seconds a send or receive may wait")
+    parser.add_argument("--timeout", type=float, default=30,
+                        help="seconds a send or receive may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())

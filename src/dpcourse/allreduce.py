@@ -1,11 +1,13 @@
 """AllReduce six ways, over ``torch.distributed`` send/recv only, and what each one costs.
 
     from dpcourse.allreduce import ALGORITHMS, cost
-    ALGORITHMS["ring"](t)            # sums t in place across the default group, like dist.all_reduce(t)
+    ALGORITHMS["ring"](t)   # sums t in place across the default group, like dist.all_reduce(t)
     cost("ring", P=4, nbytes=2**26, alpha=5e-5, beta=1e-9)   # seconds, by the α-β model
 
-    torchrun --nproc-per-node 3 -m dpcourse.allreduce bench --algo all --sizes 1KiB:64MiB:4 --json out.jsonl
-    torchrun --nproc-per-node 3 -m dpcourse.allreduce check      # every algorithm against dist.all_reduce
+    torchrun --nproc-per-node 3 -m dpcourse.allreduce bench --algo all --sizes 1KiB:64MiB:4 \
+        --json out.jsonl
+    torchrun --nproc-per-node 3 -m dpcourse.allreduce check \
+        # every algorithm against dist.all_reduce
     torchrun --nproc-per-node 4 -m dpcourse.allreduce check --ranks-per-node 2   # as 2 nodes of 2
     (on GPUs add --backend nccl; the module file also runs as a script: python .../allreduce.py)
 
@@ -66,7 +68,8 @@ def traced():
 
 def exchange(send: torch.Tensor | None = None, dst: int | None = None,
              recv: torch.Tensor | None = None, src: int | None = None) -> None:
-    """Send ``send`` to rank ``dst`` while receiving ``recv`` from rank ``src`` (either may be None).
+    """Send ``send`` to rank ``dst`` while receiving ``recv`` from rank ``src``
+    (either may be None).
 
     Both directions are posted before waiting, so two ranks that exchange with each other, or a
     ring of ranks, never deadlock, and the two transfers overlap. They are posted as one batch
@@ -82,7 +85,8 @@ def exchange(send: torch.Tensor | None = None, dst: int | None = None,
         work.wait()
     if _TRACE is not None:
         _TRACE.append([(kind, peer, t.numel() * t.element_size())
-                       for kind, peer, t in (("send", dst, send), ("recv", src, recv)) if t is not None])
+                       for kind, peer, t in (("send", dst, send), ("recv", src, recv))
+                       if t is not None])
 
 
 def accumulate(total: torch.Tensor, incoming: torch.Tensor) -> None:
@@ -110,7 +114,8 @@ def scratch(n: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _in_place(algorithm):
-    """Let an algorithm written for a contiguous 1-D tensor take any tensor, like dist.all_reduce."""
+    """Let an algorithm written for a contiguous 1-D tensor take any tensor,
+    like dist.all_reduce."""
     def run(tensor: torch.Tensor) -> None:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return
@@ -187,7 +192,8 @@ def _neighbours(place, P, members=None):
 
 @_in_place
 def ring(flat, rank, P):
-    """Bandwidth-optimal ring: reduce-scatter, then all-gather, of P chunks (sizes differ by ≤ 1)."""
+    """Bandwidth-optimal ring: reduce-scatter, then all-gather, of P chunks
+    (sizes differ by ≤ 1)."""
     chunks = flat.tensor_split(P)  # views into flat: contiguous, no copies
     ring_reduce_scatter(chunks, rank, P)
     ring_all_gather(chunks, rank, P)
@@ -269,10 +275,12 @@ def ranks_per_node(P: int) -> int:
 
     info = env_info()
     G = int(os.environ.get("DPCOURSE_RANKS_PER_NODE") or 0) or (
-        info.local_world_size if info.world_size == P else P)  # a group the launcher did not start: one node
+        info.local_world_size if info.world_size == P
+        else P)  # a group the launcher did not start: one node
     if G < 1 or P % G:
         raise ValueError(f"{G} ranks per node do not divide {P} ranks into whole nodes: set "
-                         "DPCOURSE_RANKS_PER_NODE (or --ranks-per-node) to a divisor of the world size")
+                         "DPCOURSE_RANKS_PER_NODE (or --ranks-per-node) to a divisor of the "
+                         "world size")
     return G
 
 
@@ -282,9 +290,9 @@ def hierarchical(flat, rank, P):
     a ring reduce-scatter within the node leaves each local rank one G-th of the node's sum;
     the G ranks of the same local rank, one per node, all-reduce their G-th across the nodes
     (a ring of N, all G rings at once); a ring all-gather within the node brings it together.
-    Each rank sends 2(N − 1) messages of M/P bytes to other nodes, every one of the node's G ranks on
-    its own link; a flat ring sends all its 2(P − 1) through the link of the rank at the node's edge.
-    Every rank must have the same G (as many ranks on every node)."""
+    Each rank sends 2(N − 1) messages of M/P bytes to other nodes, every one of the node's G ranks
+    on its own link; a flat ring sends all its 2(P − 1) through the link of the rank at the node's
+    edge. Every rank must have the same G (as many ranks on every node)."""
     G = ranks_per_node(P)
     N, (node, local) = P // G, divmod(rank, G)
     in_node = [node * G + i for i in range(G)]
@@ -385,14 +393,17 @@ def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0,
                         end = begin[r][i] + gamma * nbytes
                         continue
                     key = (r, peer) if kind == "send" else (peer, r)
-                    k = sum(1 for ops in traces[r][:i] for kd, pr, _ in ops if kd == kind and pr == peer)
+                    k = sum(1 for ops in traces[r][:i] for kd, pr, _ in ops
+                            if kd == kind and pr == peer)
                     other = where.get(("recv" if kind == "send" else "send", *key, k))
                     if other is None:
-                        raise RuntimeError(f"rank {r}: {kind} to/from {peer} has no partner (deadlock)")
+                        raise RuntimeError(
+                            f"rank {r}: {kind} to/from {peer} has no partner (deadlock)")
                     start = begin[other[0]][other[1]]
                     if start is None:
                         break
-                    a, b = inter if inter and node_size and r // node_size != peer // node_size else (alpha, beta)
+                    a, b = (inter if inter and node_size and r // node_size != peer // node_size
+                            else (alpha, beta))
                     end = max(end, max(begin[r][i], start) + a + b * nbytes)
                 else:
                     begin[r][i + 1] = end
@@ -405,7 +416,8 @@ def replay(traces: list[list], alpha: float, beta: float, gamma: float = 0.0,
     return max(b[-1] for b in begin)
 
 
-def critical_path(algo: str, P: int, n: int, itemsize: int = 4, G: int | None = None) -> tuple[int, int, int]:
+def critical_path(algo: str, P: int, n: int, itemsize: int = 4,
+                  G: int | None = None) -> tuple[int, int, int]:
     """(messages, bytes sent, bytes added) on the critical path of ``ALGORITHMS[algo]`` for n
     elements on P ranks. A transfer that sends and receives at once counts once, with the
     larger of its two sizes (full-duplex links). ``G``: ranks per node, for "hierarchical"
@@ -469,7 +481,8 @@ def two_level_path(algo: str, P: int, G: int, n: int, itemsize: int = 4):
     if algo == "hierarchical":
         part = math.ceil(n / G)  # elements of the largest G-th
         piece = math.ceil(part / N)  # … of the largest N-th of that
-        return ((2 * (G - 1), 2 * (G - 1) * part * itemsize), (2 * (N - 1), 2 * (N - 1) * piece * itemsize),
+        return ((2 * (G - 1), 2 * (G - 1) * part * itemsize),
+                (2 * (N - 1), 2 * (N - 1) * piece * itemsize),
                 ((G - 1) * part + (N - 1) * piece) * itemsize)
     raise KeyError(f"the two-level model covers ring and hierarchical, not {algo!r}")
 
@@ -478,7 +491,8 @@ def two_level_cost(algo: str, P: int, G: int, nbytes: float, intra: tuple[float,
                    inter: tuple[float, float], gamma: float = 0.0, itemsize: int = 4) -> float:
     """Seconds for "ring" or "hierarchical" on N = P/G nodes of G ranks: (α, β) = ``intra``
     for a transfer within a node, ``inter`` for one between nodes."""
-    (m1, b1), (m2, b2), added = two_level_path(algo, P, G, max(1, round(nbytes / itemsize)), itemsize)
+    (m1, b1), (m2, b2), added = two_level_path(
+        algo, P, G, max(1, round(nbytes / itemsize)), itemsize)
     return intra[0] * m1 + intra[1] * b1 + inter[0] * m2 + inter[1] * b2 + gamma * added
 
 
@@ -488,7 +502,8 @@ def busbw_factor(P: int) -> float:
     return 2 * (P - 1) / P
 
 
-def fit_alpha_beta(nbytes, seconds, small: int = 1024, large: int = 8 * 2**20) -> tuple[float, float]:
+def fit_alpha_beta(nbytes, seconds, small: int = 1024,
+                   large: int = 8 * 2**20) -> tuple[float, float]:
     """α, β of t = α + m·β from a ping-pong: α is the median time of the messages of at most
     ``small`` bytes (latency-bound), β the slope through those of at least ``large`` bytes
     (bandwidth-bound; the largest measured if none is that large), on relative error.
@@ -516,13 +531,15 @@ def winner(P: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0)
     return min(FLAT, key=lambda a: cost(a, P, nbytes, alpha, beta, gamma))
 
 
-def model_table(P: int, sizes, alpha: float, beta: float, gamma: float = 0.0) -> dict[str, list[float]]:
+def model_table(P: int, sizes, alpha: float, beta: float,
+                gamma: float = 0.0) -> dict[str, list[float]]:
     """{algorithm: [model seconds for each size]}: what the explorer draws (the one-level five)."""
     return {a: [cost(a, P, m, alpha, beta, gamma) for m in sizes] for a in FLAT}
 
 
 # ---------------------------------------------------------------- sizes
-_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
 
 def parse_size(text: str) -> int:
@@ -561,7 +578,8 @@ def _sync(device):
 
 
 def time_allreduce(fn, nbytes: int, repeats: int, device, warmup: int = 1) -> float:
-    """Median seconds of ``fn(t)`` on a float32 tensor of ``nbytes``, the slowest rank's each time."""
+    """Median seconds of ``fn(t)`` on a float32 tensor of ``nbytes``,
+    the slowest rank's each time."""
     t = torch.ones(max(1, nbytes // 4), device=device)
     times = []
     for i in range(warmup + repeats):
@@ -572,7 +590,8 @@ def time_allreduce(fn, nbytes: int, repeats: int, device, warmup: int = 1) -> fl
         fn(t)
         _sync(device)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the all-reduce ends when its last rank does
+        # the all-reduce ends when its last rank does
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if i >= warmup:
             times.append(elapsed.item())
     return statistics.median(times)
@@ -588,7 +607,8 @@ def ping_pong(nbytes: int, repeats: int, device, both: bool = False, warmup: int
     a core per rank, the two agree; over loopback the CPU copies every byte, both directions
     of every rank, and an exchange costs more.
     """
-    t, u = torch.zeros(max(1, nbytes // 4), device=device), torch.zeros(max(1, nbytes // 4), device=device)
+    t, u = (torch.zeros(max(1, nbytes // 4), device=device),
+            torch.zeros(max(1, nbytes // 4), device=device))
     rank, P = dist.get_rank(), dist.get_world_size()
     times = []
     for i in range(warmup + repeats):
@@ -607,14 +627,16 @@ def ping_pong(nbytes: int, repeats: int, device, both: bool = False, warmup: int
         if i >= warmup:
             times.append((time.perf_counter() - start) / (1 if both else 2))
     median = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(median, op=dist.ReduceOp.MAX)  # the slowest rank's (only 0 and 1 time a ping-pong)
+    # the slowest rank's (only 0 and 1 time a ping-pong)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
     return median.item()
 
 
 def add_time(nbytes: int, repeats: int, device) -> float:
     """Median seconds of ``a += b`` on float32 vectors of ``nbytes``, every rank at once (as in
     an all-reduce, where the ranks add at the same time on shared cores and memory)."""
-    a, b = torch.ones(max(1, nbytes // 4), device=device), torch.ones(max(1, nbytes // 4), device=device)
+    a, b = (torch.ones(max(1, nbytes // 4), device=device),
+            torch.ones(max(1, nbytes // 4), device=device))
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -655,13 +677,15 @@ def _setup(args):
 
 def _choose(names: str, extra=()) -> list[str]:
     """The algorithms named on the command line ("all": every one), checked before any process
-    group exists: a typo, or ranks that do not divide into nodes, ends the run at once, said by rank 0."""
+    group exists: a typo, or ranks that do not divide into nodes, ends the run at once,
+    said by rank 0."""
     from dpcourse.dist import env_info, stop
 
     algos = list(ALGORITHMS) + list(extra) if names == "all" else names.split(",")
     for a in algos:
         if a not in ALGORITHMS and a not in extra:
-            stop(env_info(), f"unknown algorithm {a!r}: choose from all, {', '.join([*extra, *ALGORITHMS])}")
+            stop(env_info(), f"unknown algorithm {a!r}: choose from all, "
+                             f"{', '.join([*extra, *ALGORITHMS])}")
     try:
         ranks_per_node(env_info().world_size)
     except ValueError as e:
@@ -670,8 +694,9 @@ def _choose(names: str, extra=()) -> list[str]:
 
 
 def _agreed_ranks_per_node(P: int) -> int:
-    """``ranks_per_node``, the same on every rank, or a stop: a launcher that put more ranks on one node
-    than on another (srun with uneven tasks per node) has no G for the hierarchical all-reduce."""
+    """``ranks_per_node``, the same on every rank, or a stop: a launcher that put more ranks on one
+    node than on another (srun with uneven tasks per node) has no G for the hierarchical
+    all-reduce."""
     from dpcourse.dist import env_info, stop
 
     G = ranks_per_node(P)
@@ -680,13 +705,16 @@ def _agreed_ranks_per_node(P: int) -> int:
         both = both.cuda()
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     if both[0].item() != -both[1].item():
-        stop(env_info(), f"the nodes hold different numbers of ranks (from {-both[1].item()} to {both[0].item()}): "
-                         "the hierarchical all-reduce needs the same number on every node (e.g. srun --ntasks-per-node)")
+        stop(env_info(), "the nodes hold different numbers of ranks "
+                         f"(from {-both[1].item()} to {both[0].item()}): "
+                         "the hierarchical all-reduce needs the same number on every node "
+                         "(e.g. srun --ntasks-per-node)")
     return G
 
 
 def bench(args) -> int:
-    """Ping-pong (α, β fitted), then every chosen algorithm over every size; rank 0 prints and logs."""
+    """Ping-pong (α, β fitted), then every chosen algorithm over every size;
+    rank 0 prints and logs."""
     from tqdm import tqdm
 
     from dpcourse.dist import bar_off, env_info, stop
@@ -694,7 +722,8 @@ def bench(args) -> int:
 
     algos = _choose(args.algo, extra=("native",))
     if env_info().world_size < 2:
-        stop(env_info(), "bench needs at least 2 ranks: torchrun --nproc-per-node 2 -m dpcourse.allreduce bench")
+        stop(env_info(), "bench needs at least 2 ranks: "
+                         "torchrun --nproc-per-node 2 -m dpcourse.allreduce bench")
     env = _setup(args)
     rank, P = dist.get_rank(), dist.get_world_size()
     log = JsonLog(args.json if rank == 0 else None, world_size=P, backend=env.backend,
@@ -706,7 +735,9 @@ def bench(args) -> int:
         if failures:
             raise SystemExit(1)
     G = _agreed_ranks_per_node(P) if "hierarchical" in algos else P
-    say(f"{P} ranks{f' ({P // G} nodes of {G})' if G < P else ''}, {env.backend} on {env.device.type}; ping-pong (ranks 0 ↔ 1), exchange (every rank → its right), adds ...", flush=True)
+    say(f"{P} ranks{f' ({P // G} nodes of {G})' if G < P else ''}, {env.backend} on "
+        f"{env.device.type}; ping-pong (ranks 0 ↔ 1), exchange (every rank → its right), adds ...",
+        flush=True)
     pp_sizes = parse_sizes(args.pingpong_sizes)
     fits = {}
     for mode in ("oneway", "exchange"):
@@ -718,15 +749,18 @@ def bench(args) -> int:
         a, b = fits[mode]
         log.write("fit", mode=mode, alpha_s=a, beta_s_per_byte=b, used=mode == args.fit)
         say(f"{mode:>8} ping-pong: α = {a * 1e6:6.1f} µs, β = {b * 1e9:.3f} ns/B "
-            f"(1/β = {1 / b / 1e9 if b else float('inf'):.2f} GB/s){'  ← the model uses this' if mode == args.fit else ''}")
+            f"(1/β = {1 / b / 1e9 if b else float('inf'):.2f} GB/s)"
+            f"{'  ← the model uses this' if mode == args.fit else ''}")
     alpha, beta = fits[args.fit]
     adds = [add_time(m, repeats_for(m, args.repeats), env.device) for m in pp_sizes]
     for m, t in zip(pp_sizes, adds):
         log.write("add", bytes=m, seconds=t)
     gamma = fit_gamma(pp_sizes, adds) if args.gamma else 0.0
     log.write("fit", mode="add", gamma_s_per_byte=gamma, used=args.gamma)
-    say(f"     add (a += b): γ = {gamma * 1e9:.3f} ns/B{'' if args.gamma else ' (not used: --no-gamma)'}")
-    say(f"{'algorithm':<17} {'size':>10} {'time ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} {'model ms':>9} {'model err':>9}")
+    say(f"     add (a += b): γ = {gamma * 1e9:.3f} ns/B"
+        f"{'' if args.gamma else ' (not used: --no-gamma)'}")
+    say(f"{'algorithm':<17} {'size':>10} {'time ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} "
+        f"{'model ms':>9} {'model err':>9}")
     jobs = [(a, m) for m in args.sizes for a in algos]
     for a, m in tqdm(jobs, desc="bench", disable=bar_off(rank), leave=False):
         fn = dist.all_reduce if a == "native" else ALGORITHMS[a]
@@ -737,7 +771,8 @@ def bench(args) -> int:
                   busbw_GBps=algbw * busbw_factor(P), model_s=model,
                   repeats=repeats_for(m, args.repeats))
         err = f"{(model - t) / t:+9.0%}" if model else f"{'':>9}"
-        say(f"{a:<17} {fmt_bytes(m):>10} {t * 1e3:9.3f} {algbw:10.3f} {algbw * busbw_factor(P):10.3f} "
+        say(f"{a:<17} {fmt_bytes(m):>10} {t * 1e3:9.3f} {algbw:10.3f} "
+            f"{algbw * busbw_factor(P):10.3f} "
             f"{model * 1e3 if model else float('nan'):9.3f} {err}", flush=True)
     dist.destroy_process_group()
     return 0
@@ -768,16 +803,20 @@ def check_cases(lengths, dtypes, device, log, verbose=False, algos=None) -> tupl
                 # what this code did, replayed: messages (α=1), bytes sent (β=1), bytes added (γ=1)
                 traces = [None] * P
                 dist.all_gather_object(traces, rounds)
-                counted = tuple(round(replay(traces, *w)) for w in ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
+                counted = tuple(round(replay(traces, *w))
+                                for w in ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
                 model = critical_path(algo, P, n, t.element_size(), G)
                 counted_ok = counted == model
                 two_level = None  # the node hierarchy: a link out of the node costs more
                 if algo in ("ring", "hierarchical") and n % P == 0:
                     weights = dict(intra=(1.0, 1e-3), inter=(10.0, 0.1), gamma=1e-4)
-                    replayed = replay(traces, *weights["intra"], weights["gamma"], node_size=G, inter=weights["inter"])
-                    two_level = math.isclose(replayed, two_level_cost(algo, P, G, n * t.element_size(), **weights,
-                                                                      itemsize=t.element_size()), rel_tol=1e-9)
-                verdict = torch.tensor([int(ok and counted_ok and two_level is not False)], device=device)
+                    replayed = replay(traces, *weights["intra"], weights["gamma"], node_size=G,
+                                      inter=weights["inter"])
+                    two_level = math.isclose(
+                        replayed, two_level_cost(algo, P, G, n * t.element_size(), **weights,
+                                                 itemsize=t.element_size()), rel_tol=1e-9)
+                verdict = torch.tensor([int(ok and counted_ok and two_level is not False)],
+                                       device=device)
                 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # right only if right on every rank
                 good = bool(verdict.item())
                 cases, failures = cases + 1, failures + (not good)
@@ -787,13 +826,14 @@ def check_cases(lengths, dtypes, device, log, verbose=False, algos=None) -> tupl
                           ranks_per_node=G, two_level_ok=two_level)
                 if rank == 0 and (not good or verbose):
                     print(f"{algo:<17} n={n:<9} {str(dtype)[6:]:<8} "
-                          f"{'ok' if ok else 'WRONG'} (max |Δ| {err:.1e}); critical path (messages, bytes "
-                          f"sent, bytes added) {counted} vs model {model}{'' if counted_ok else '  MISMATCH'}"
+                          f"{'ok' if ok else 'WRONG'} (max |Δ| {err:.1e}); critical path "
+                          f"(messages, bytes sent, bytes added) {counted} vs model {model}"
+                          f"{'' if counted_ok else '  MISMATCH'}"
                           f"{'' if two_level is not False else '; two levels: MISMATCH'}",
                           flush=True)
     if rank == 0:
-        print(f"{P} ranks ({P // G} node(s) of {G}): {cases - failures} of {cases} cases agree with "
-              "dist.all_reduce and with the model's transfer counts", flush=True)
+        print(f"{P} ranks ({P // G} node(s) of {G}): {cases - failures} of {cases} cases agree "
+              "with dist.all_reduce and with the model's transfer counts", flush=True)
     return cases, failures
 
 
@@ -806,40 +846,52 @@ def check(args) -> int:
     rank, P = dist.get_rank(), dist.get_world_size()
     log = JsonLog(args.json if rank == 0 else None, world_size=P, backend=env.backend)
     lengths = list(CHECK_LENGTHS) + [parse_size(s) // 4 for s in args.large]
-    _, failures = check_cases(lengths, (torch.float32, torch.float64), env.device, log, args.verbose, algos)
+    _, failures = check_cases(lengths, (torch.float32, torch.float64), env.device, log,
+                              args.verbose, algos)
     dist.destroy_process_group()
     return 1 if failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpcourse.allreduce", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.allreduce",
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("bench", "check"):
-        p = sub.add_parser(name, help={"bench": "ping-pong, α-β fit, every algorithm over message sizes",
-                                       "check": "every algorithm against dist.all_reduce"}[name])
+        p = sub.add_parser(name, help={
+            "bench": "ping-pong, α-β fit, every algorithm over message sizes",
+            "check": "every algorithm against dist.all_reduce"}[name])
         p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
         p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
         p.add_argument("--timeout", type=float, default=120, help="seconds a transfer may wait")
-        p.add_argument("--json", "--log-json", dest="json", default=None, help="rank 0 writes JSON lines here")
+        p.add_argument("--json", "--log-json", dest="json", default=None,
+                       help="rank 0 writes JSON lines here")
         p.add_argument("--ranks-per-node", type=int, default=None,
                        help="G for the hierarchical all-reduce: pretend the ranks are nodes of G "
-                            "(default: the launcher's LOCAL_WORLD_SIZE, the ranks really on one node)")
+                            "(default: the launcher's LOCAL_WORLD_SIZE, "
+                            "the ranks really on one node)")
     b = sub.choices["bench"]
-    b.add_argument("--algo", default="all", help="all, or a comma list of: native, " + ", ".join(ALGORITHMS))
+    b.add_argument("--algo", default="all",
+                   help="all, or a comma list of: native, " + ", ".join(ALGORITHMS))
     b.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1KiB:64MiB:4"),
-                   help="message sizes in bytes: 1KiB,1MiB or LO:HI[:FACTOR] (default 1KiB:64MiB:4)")
-    b.add_argument("--repeats", type=int, default=5, help="timed runs per point (the median counts)")
-    b.add_argument("--pingpong-sizes", default="4B:64MiB:4", help="sizes of the ping-pong that fits α, β")
+                   help="message sizes in bytes: 1KiB,1MiB or LO:HI[:FACTOR] "
+                        "(default 1KiB:64MiB:4)")
+    b.add_argument("--repeats", type=int, default=5,
+                   help="timed runs per point (the median counts)")
+    b.add_argument("--pingpong-sizes", default="4B:64MiB:4",
+                   help="sizes of the ping-pong that fits α, β")
     b.add_argument("--fit", default="exchange", choices=["exchange", "oneway"],
-                   help="which ping-pong the model's α, β come from (default: exchange, what a ring step does)")
+                   help="which ping-pong the model's α, β come from "
+                        "(default: exchange, what a ring step does)")
     b.add_argument("--check", action="store_true",
-                   help="first check every algorithm against dist.all_reduce and the model's counts")
+                   help="first check every algorithm against dist.all_reduce "
+                        "and the model's counts")
     b.add_argument("--no-gamma", dest="gamma", action="store_false",
                    help="the plain α-β model: leave out the time of the additions (γ)")
     c = sub.choices["check"]
     c.add_argument("--large", nargs="*", default=[], help="extra sizes, e.g. 64MiB (float32 only)")
     c.add_argument("--verbose", action="store_true", help="one line per case, not only failures")
-    c.add_argument("--algo", default="all", help="all, or a comma list of: " + ", ".join(ALGORITHMS))
+    c.add_argument("--algo", default="all",
+                   help="all, or a comma list of: " + ", ".join(ALGORITHMS))
     args = parser.parse_args(argv)
     if args.ranks_per_node:  # every rank reads it from its environment, as from the launcher's
         os.environ["DPCOURSE_RANKS_PER_NODE"] = str(args.ranks_per_node)

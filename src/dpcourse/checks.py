@@ -87,7 +87,8 @@ class Watched:
     def wait(self, *args):
         if self.watch.in_backward:
             self.watch.stalls.add("wait() on an all-reduce inside backward (backward then waits "
-                                  "for every sum): leave the waiting to finish_gradient_synchronization")
+                                  "for every sum): leave the waiting to "
+                                  "finish_gradient_synchronization")
         return self.work.wait(*args)
 
     def __getattr__(self, name):
@@ -95,13 +96,14 @@ class Watched:
 
 
 def hand_made_ddp(variants, env, seed=0, steps=4, lr=0.2, tolerance=1e-5) -> bool:
-    """Each hand-made DDP of ``variants`` ([(name, wrap)], ``wrap(module)`` the wrapped module) against
-    one process trained on the whole global batch; rank 0 prints one line per variant (ok, WRONG and
-    why, or not done yet); True, on every rank, if all of them agree."""
+    """Each hand-made DDP of ``variants`` ([(name, wrap)], ``wrap(module)`` the wrapped module)
+    against one process trained on the whole global batch; rank 0 prints one line per variant (ok,
+    WRONG and why, or not done yet); True, on every rank, if all of them agree."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if world_size < 2:  # with one rank, a sum, a mean and doing nothing all look right
-        ddp_env.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes unseen): "
-                     "torchrun --standalone --nproc-per-node 2 labs/ddp_by_hand.py --check")
+        ddp_env.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes "
+                     "unseen): torchrun --standalone --nproc-per-node 2 "
+                     "labs/ddp_by_hand.py --check")
     G, gen = 6 * world_size, torch.Generator().manual_seed(seed)  # the same batches on every rank
     batches = [(torch.randn(G, 8, generator=gen).to(env.device),
                 torch.randint(4, (G,), generator=gen).to(env.device)) for _ in range(steps)]

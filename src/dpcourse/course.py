@@ -1,9 +1,12 @@
 """The course's own tools: run every notebook, make the student copies, check a learner's work.
 
-    .venv/bin/python -m dpcourse.course run       # `make course`: execute solutions/*.ipynb into build/
+    .venv/bin/python -m dpcourse.course run       # `make course`: execute solutions/*.ipynb
+                                                    into build/
     .venv/bin/python -m dpcourse.course student   # `make student`: solutions/ → notebooks/ + labs/
-    .venv/bin/python -m dpcourse.course check     # `make check`: run the learner's notebooks, report each exercise
-    .venv/bin/python -m dpcourse.course room DIR  # the instructor's view of the records make check ROOM=DIR left
+    .venv/bin/python -m dpcourse.course check     # `make check`: run the learner's notebooks,
+                                                    report each exercise
+    .venv/bin/python -m dpcourse.course room DIR  # the instructor's view of the records
+                                                    make check ROOM=DIR left
 
 Exercise regions use nbgrader's markers: ``### BEGIN SOLUTION`` / ``### END SOLUTION`` in code
 (``.ipynb`` cells and ``.py`` labs alike), ``<!-- BEGIN SOLUTION -->`` / ``<!-- END SOLUTION -->``
@@ -42,7 +45,8 @@ STUB_RAISE = f'raise NotImplementedError("{STUB}")'
 STUB_EXIT = f'echo "{STUB}" >&2; exit 1'
 STUB_WIDTH = 88  # the hint's comment lines, indentation included
 # An exercise still as generated: its stub's comment lines, then the raise.
-UNTOUCHED = re.compile(r'# YOUR CODE HERE\n(?:[ \t]*#.*\n)*[ \t]*raise NotImplementedError\("Exercise:')
+UNTOUCHED = re.compile(r'# YOUR CODE HERE\n(?:[ \t]*#.*\n)*'
+                       r'[ \t]*raise NotImplementedError\("Exercise:')
 TEXT_STUB = "*Your answer here.*"
 CELL_TIMEOUT_S = 300
 
@@ -71,7 +75,8 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
 
     nb = nbformat.read(path, as_version=4) if nb is None else nb
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            coalesce_streams=True, resources={"metadata": {"path": str(path.parent)}},
+                            coalesce_streams=True,
+                            resources={"metadata": {"path": str(path.parent)}},
                             extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     start = time.perf_counter()
     error = None
@@ -89,9 +94,10 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
 # outputs instead of running every notebook a second time (tests/nbreuse.py): valid only for the
 # same sources and the same installed environment. Written by run_course, read by the tests.
 EXECUTED = "executed.json"
-# Not sources: what the course writes (builds, data, runs, environments) and what git ignores anyway.
-_NOT_SOURCES = {".git", ".venv", "build", "data", "runs", "__pycache__", ".pytest_cache", "node_modules",
-                ".ipynb_checkpoints"}
+# Not sources: what the course writes (builds, data, runs, environments)
+# and what git ignores anyway.
+_NOT_SOURCES = {".git", ".venv", "build", "data", "runs", "__pycache__", ".pytest_cache",
+                "node_modules", ".ipynb_checkpoints"}
 
 
 def notebook_inputs(nb) -> str:
@@ -108,24 +114,29 @@ def _source_files(top: Path) -> list[Path]:
     import subprocess
 
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=top,
-                                capture_output=True, timeout=60, check=True).stdout.decode().split("\0")
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=top,
+            capture_output=True, timeout=60, check=True).stdout.decode().split("\0")
         files = [top / name for name in listed if name]
     except (OSError, subprocess.SubprocessError):
-        files = [p for p in top.rglob("*") if p.is_file() and not _NOT_SOURCES & set(p.relative_to(top).parts)
+        files = [p for p in top.rglob("*")
+                 if p.is_file() and not _NOT_SOURCES & set(p.relative_to(top).parts)
                  and not p.name.endswith(".egg-info")]
-    return sorted(p for p in files if p.is_file() and not (p.parent == top / "solutions" and p.suffix == ".ipynb"))
+    return sorted(p for p in files
+                  if p.is_file() and not (p.parent == top / "solutions" and p.suffix == ".ipynb"))
 
 
 def source_digests(top: Path) -> dict[str, str]:
     """{path relative to ``top``: SHA-256 of its bytes} for every file a notebook could read."""
     import hashlib
 
-    return {str(path.relative_to(top)): hashlib.sha256(path.read_bytes()).hexdigest() for path in _source_files(top)}
+    return {str(path.relative_to(top)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in _source_files(top)}
 
 
 def environment() -> dict:
-    """What else decides a notebook's outputs: Python, every installed package and version, the CPU."""
+    """What else decides a notebook's outputs: Python, every installed package and version, the
+    CPU."""
     import platform
     import sysconfig
     from importlib import metadata
@@ -136,10 +147,10 @@ def environment() -> dict:
     # The environment's own site-packages only: sys.path can hold more (setuptools puts its vendored
     # packages there once it is imported), which says nothing about what a notebook runs with.
     site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    packages = sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions(path=site)
-                       if d.metadata["Name"]})
-    return {"python": sys.version, "machine": platform.machine(), "cpu": cpu or platform.processor(),
-            "packages": packages}
+    packages = sorted({f"{d.metadata['Name'].lower()}=={d.version}"
+                       for d in metadata.distributions(path=site) if d.metadata["Name"]})
+    return {"python": sys.version, "machine": platform.machine(),
+            "cpu": cpu or platform.processor(), "packages": packages}
 
 
 def execution_key(top: Path) -> dict:
@@ -167,16 +178,20 @@ def run_course(folder: Path, out: Path) -> int:
         print(f"{name:<{width}}  {seconds:7.1f}  {status}")
     failed = sum(status != "ok" for _, _, status in rows)
     # What docs/instructor.md builds its schedules from: the machine time of each notebook.
-    (out / "times.json").write_text(json.dumps({name: {"seconds": round(seconds, 1), "status": status}
-                                                for name, seconds, status in rows}, indent=1) + "\n")
+    (out / "times.json").write_text(json.dumps(
+        {name: {"seconds": round(seconds, 1), "status": status} for name, seconds, status in rows},
+        indent=1) + "\n")
     if key is not None:
         import torch
 
-        settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "threads": torch.get_num_threads(),
+        settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                    "threads": torch.get_num_threads(),
                     "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
                     "cpu_capability": torch.backends.cpu.get_cpu_capability()}
-        (out / EXECUTED).write_text(json.dumps({"key": key, "settings": settings, "notebooks": executed}, indent=1) + "\n")
-    print(f"\n{len(rows) - failed} of {len(rows)} notebooks ran; executed copies and times.json in {out}/")
+        (out / EXECUTED).write_text(json.dumps(
+            {"key": key, "settings": settings, "notebooks": executed}, indent=1) + "\n")
+    print(f"\n{len(rows) - failed} of {len(rows)} notebooks ran; "
+          f"executed copies and times.json in {out}/")
     return 1 if failed or not rows else 0
 
 
@@ -184,13 +199,16 @@ def run_course(folder: Path, out: Path) -> int:
 def stub(hint: str, indent: int = 0, last: str = STUB_RAISE) -> str:
     """What an exercise region becomes: the hint on comment lines that fit the editor, then a raise.
 
-    Each clause of the hint (they end with ";") starts a line; a long one wraps, never inside "(...)".
+    Each clause of the hint (they end with ";") starts a line; a long one wraps, never inside
+    "(...)".
     """
     hint = hint.strip() or "write the missing code"
-    hint = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\xa0"), hint)  # textwrap keeps \xa0 joined
+    # textwrap keeps \xa0 joined
+    hint = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\xa0"), hint)
     width = STUB_WIDTH - indent - len("# Hint: ")
     lines = [line.replace("\xa0", " ") for clause in re.split(r"(?<=;)\s+", hint)
-             for line in textwrap.wrap(clause, width, break_long_words=False, break_on_hyphens=False)]
+             for line in textwrap.wrap(clause, width, break_long_words=False,
+                                       break_on_hyphens=False)]
     hint_lines = ["# Hint: " + lines[0]] + ["#       " + line for line in lines[1:]]
     return "\n".join(["# YOUR CODE HERE", *hint_lines, last])
 
@@ -211,11 +229,14 @@ def _clear_solutions(cell, last: str = STUB_RAISE) -> None:
         if BEGIN in chunk:
             marker = next(line for line in chunk.splitlines() if BEGIN in line)
             hint = m.group(1) if (m := HINT.search(marker)) else ""
-            code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()), last=last)  # indented like the marker
-            part = nbformat.v4.new_code_cell(chunk) if cell.cell_type == "code" else nbformat.v4.new_markdown_cell(chunk)
+            # indented like the marker
+            code_stub = stub(hint, indent=len(marker) - len(marker.lstrip()), last=last)
+            part = (nbformat.v4.new_code_cell(chunk) if cell.cell_type == "code"
+                    else nbformat.v4.new_markdown_cell(chunk))
             ClearSolutions(enforce_metadata=False, code_stub={"python": code_stub},
                            text_stub=TEXT_STUB).preprocess_cell(part, {"language": "python"}, 0)
-            chunk = part.source + ("\n" if chunk.endswith("\n") and not part.source.endswith("\n") else "")
+            chunk = part.source + ("\n" if chunk.endswith("\n") and not part.source.endswith("\n")
+                                   else "")
         cleared.append(chunk)
     cell.source = "".join(cleared)
 
@@ -228,7 +249,8 @@ def student_notebook(nb):
     for cell in nb.cells:
         if BEGIN in cell.source:
             _clear_solutions(cell)
-        cell.metadata.pop("execution", None)  # when the solution last ran: noise in the learner's copy
+        # when the solution last ran: noise in the learner's copy
+        cell.metadata.pop("execution", None)
     nb, _ = ClearOutput().preprocess(nb, {})
     nb.metadata.pop("widgets", None)  # saved widget state belongs to the executed solution
     return nb
@@ -257,12 +279,15 @@ def _edited_copies(top: Path) -> list[str]:
 
 
 def lab_files(folder: Path) -> list[Path]:
-    """The labs under ``folder``, its subfolders included (labs/bugs/): Python labs and Slurm job scripts."""
-    return sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".sbatch") and "__pycache__" not in p.parts)
+    """The labs under ``folder``, its subfolders included (labs/bugs/): Python labs and Slurm job
+    scripts."""
+    return sorted(p for p in folder.rglob("*")
+                  if p.suffix in (".py", ".sbatch") and "__pycache__" not in p.parts)
 
 
 def generate_student(src: Path, dest: Path) -> list[Path]:
-    """Write ``dest/notebooks/*.ipynb`` and ``dest/labs/*.py``, ``*.sbatch`` from ``src`` (= solutions/)."""
+    """Write ``dest/notebooks/*.ipynb`` and ``dest/labs/*.py``, ``*.sbatch`` from ``src``
+    (= solutions/)."""
     written = []
     (dest / "notebooks").mkdir(parents=True, exist_ok=True)
     (dest / "labs").mkdir(parents=True, exist_ok=True)
@@ -291,8 +316,9 @@ def _is_check(cell) -> bool:
 
 
 def _is_stub(error) -> bool:
-    """Whether a cell's error says that it met an exercise not done yet: a stub's NotImplementedError, a
-    check's NotImplementedError("Exercise: ..."), or an error that quotes a lab's stub (launch.not_done)."""
+    """Whether a cell's error says that it met an exercise not done yet: a stub's
+    NotImplementedError, a check's NotImplementedError("Exercise: ..."), or an error that quotes a
+    lab's stub (launch.not_done)."""
     return not_done(f"{error['ename']}: {error['evalue']}")
 
 
@@ -302,16 +328,17 @@ def _error_line(error) -> str:
 
 
 def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
-    """What `make check` says about an executed notebook, in cell order: ("✓" or "✗", "<exercise> — <verdict>")
-    for each ``check`` cell ("○" for an optional exercise not done yet), and ("!", "cell N raised ...")
-    for another cell's error.
+    """What `make check` says about an executed notebook, in cell order:
+    ("✓" or "✗", "<exercise> — <verdict>") for each ``check`` cell ("○" for an optional exercise
+    not done yet), and ("!", "cell N raised ...") for another cell's error.
 
-    A failing check is "not done yet" when it met a stub: the stub's NotImplementedError, an exercise cell
-    above it (since the previous check) that still holds its stub untouched, or a cell above it that raised
-    a stub's error, unless the check's own error is its assertion: a check that got as far as judging the
-    answer says what is wrong with it, even where a cell between raised another exercise's stub (notebook
-    05's timing run of exercise 1's lab, before exercise 3's check). Once an exercise is unfinished or
-    failing, later cells' errors are not reported: they may well come from it.
+    A failing check is "not done yet" when it met a stub: the stub's NotImplementedError, an
+    exercise cell above it (since the previous check) that still holds its stub untouched, or a cell
+    above it that raised a stub's error, unless the check's own error is its assertion: a check that
+    got as far as judging the answer says what is wrong with it, even where a cell between raised
+    another exercise's stub (notebook 05's timing run of exercise 1's lab, before exercise 3's
+    check). Once an exercise is unfinished or failing, later cells' errors are not reported: they
+    may well come from it.
     """
     results, untouched, stub_above, failing = [], False, False, False
     for number, cell in enumerate(nb.cells, 1):
@@ -328,7 +355,8 @@ def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
             continue
         first = cell.source.splitlines()[0] if cell.source else ""
         name = first.split("CHECK:", 1)[-1].strip() if "CHECK:" in first else "check"
-        said = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        said = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream")
         unchecked = re.search(rf"^{NOT_CHECKED}(.*)$", said, re.M)
         if cell.get("execution_count") is None:
             verdict = f"not run: the notebook stopped before it ({stopped or 'it did not finish'})"
@@ -338,12 +366,14 @@ def check_results(nb, stopped: str | None = None) -> list[tuple[str, str]]:
             continue
         elif not errors:
             verdict = "pass"
-        elif untouched or _is_stub(errors[0]) or (stub_above and errors[0].get("ename") != "AssertionError"):
+        elif untouched or _is_stub(errors[0]) \
+                or (stub_above and errors[0].get("ename") != "AssertionError"):
             verdict = "not done yet"
         else:
             verdict = f"fails: {_error_line(errors[0])}"
         optional = verdict == "not done yet" and "(optional)" in name
-        results.append(("✓" if verdict == "pass" else "○" if optional else "✗", f"{name} — {verdict}"))
+        results.append(("✓" if verdict == "pass" else "○" if optional else "✗",
+                        f"{name} — {verdict}"))
         untouched = stub_above = False
         failing = failing or verdict != "pass"
     return results
@@ -356,34 +386,37 @@ def _check_name(cell) -> str:
 
 def _looks_like_check(cell) -> bool:
     """A check cell, or a copy of one that lost its tag (its first line still says "# CHECK:")."""
-    return _is_check(cell) or (cell.cell_type == "code" and cell.source.lstrip().startswith("# CHECK:"))
+    return _is_check(cell) or (cell.cell_type == "code"
+                               and cell.source.lstrip().startswith("# CHECK:"))
 
 
 def with_course_checks(nb, course) -> tuple[object, list[str], list[str]]:
-    """The learner's notebook ``nb`` with every check cell as the course's notebook ``course`` has it:
-    what make check grades with, so that a check edited, duplicated or deleted in a copy is not a silent
-    pass. A check is found by its cell id, else by its name ("exercise 2"); one that is missing goes back
-    after the cell that precedes it in the course, when that cell is there (a check deleted from its
-    place); when that cell is gone too, the copy has lost that part of the notebook, and the check is
-    not run: it is returned as lost. Any other check cell of the copy (a second copy of a check, with its
-    tag or without) is left out of the run. Returns (the notebook to run, one note per check that was
-    changed, missing or repeated in the learner's copy, the names of the lost checks). The learner's
-    file is not touched."""
+    """The learner's notebook ``nb`` with every check cell as the course's notebook ``course`` has
+    it: what make check grades with, so that a check edited, duplicated or deleted in a copy is not
+    a silent pass. A check is found by its cell id, else by its name ("exercise 2"); one that is
+    missing goes back after the cell that precedes it in the course, when that cell is there (a
+    check deleted from its place); when that cell is gone too, the copy has lost that part of the
+    notebook, and the check is not run: it is returned as lost. Any other check cell of the copy (a
+    second copy of a check, with its tag or without) is left out of the run. Returns (the notebook
+    to run, one note per check that was changed, missing or repeated in the learner's copy, the
+    names of the lost checks). The learner's file is not touched."""
     nb = nbformat.from_dict(nb)
     notes, lost, ours_all = [], [], []
     for k, cell in enumerate(course.cells):
         if not _is_check(cell):
             continue
         name = _check_name(cell) or "a check"
-        free = [i for i, c in enumerate(nb.cells) if not any(c is o for o in ours_all)]  # not placed yet
+        # not placed yet
+        free = [i for i, c in enumerate(nb.cells) if not any(c is o for o in ours_all)]
         mine = [i for i in free if nb.cells[i].get("id") == cell.get("id")] or \
-               [i for i in free if _looks_like_check(nb.cells[i]) and _check_name(nb.cells[i]) == _check_name(cell)]
+               [i for i in free
+                if _looks_like_check(nb.cells[i]) and _check_name(nb.cells[i]) == _check_name(cell)]
         ours = nbformat.from_dict({**cell, "outputs": [], "execution_count": None})
         if mine:
             if nb.cells[mine[0]].source != cell.source or not _is_check(nb.cells[mine[0]]):
-                notes.append(f"the check of {name} in your copy differs from the course's current one (you edited "
-                             "it, or your copy is older than the course): graded with the course's; your file keeps "
-                             "yours")
+                notes.append(f"the check of {name} in your copy differs from the course's current "
+                             "one (you edited it, or your copy is older than the course): graded "
+                             "with the course's; your file keeps yours")
             nb.cells[mine[0]] = ours
             ours_all.append(ours)
             continue
@@ -398,9 +431,10 @@ def with_course_checks(nb, course) -> tuple[object, list[str], list[str]]:
     known = {_check_name(c) for c in course.cells if _is_check(c)}
     for cell in extra:
         name = _check_name(cell) or "an exercise"
-        notes.append(f"your copy has a second check cell for {name}: not run (each exercise is graded once, with "
-                     "the course's check)" if name in known else
-                     f"your copy has a check of {name} that the course does not have (any more): not run")
+        notes.append(f"your copy has a second check cell for {name}: not run (each exercise is "
+                     "graded once, with the course's check)" if name in known else
+                     f"your copy has a check of {name} that the course does not have "
+                     "(any more): not run")
     nb.cells = [c for c in nb.cells if not any(c is e for e in extra)]
     return nb, notes, lost
 
@@ -414,8 +448,9 @@ def _shown(folder: Path) -> str:
 
 
 def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> int:
-    """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's verdict,
-    and, with ``room`` (or $DPCOURSE_ROOM), leave one record of each in that folder (dpcourse.room)."""
+    """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's
+    verdict, and, with ``room`` (or $DPCOURSE_ROOM), leave one record of each in that folder
+    (dpcourse.room)."""
     from . import room as rooms
 
     room = room or os.environ.get(rooms.ENV) or None
@@ -428,16 +463,19 @@ def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> in
         return 1
     top = project_root(folder)
     course = {p.name for p in _solution_notebooks(top / "solutions")} if top else set()
-    if prefix and any(p.name in course for p in paths):  # "13": the course's notebook, not a copy of it
+    # "13": the course's notebook, not a copy of it
+    if prefix and any(p.name in course for p in paths):
         copies = [p.name for p in paths if p.name not in course]
         paths = [p for p in paths if p.name in course]
         if copies:
-            print(f"Not checked: {', '.join(copies)} (your copies; to check one, give its name: --notebook {Path(copies[0]).stem}).")
+            print(f"Not checked: {', '.join(copies)} (your copies; to check one, give its name: "
+                  f"--notebook {Path(copies[0]).stem}).")
     print("Save the notebook first (Ctrl+S): make check runs the saved file.")
     passed = failed = skipped = 0
     for path in paths:
         nb = nbformat.read(path, as_version=4)
-        source = top / "solutions" / path.name if top else None  # the course's checks: the single source
+        # the course's checks: the single source
+        source = top / "solutions" / path.name if top else None
         notes, lost = [], []
         if source is not None and source.exists():
             nb, notes, lost = with_course_checks(nb, nbformat.read(source, as_version=4))
@@ -453,11 +491,12 @@ def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> in
             nb, _, stopped = execute(path, allow_errors=True, nb=nb)
             results = check_results(nb, stopped)
         results += [("○" if "(optional)" in name else "✗",
-                     f"{name} — not graded: its check and the cell before it are missing from your copy "
-                     "(copy the notebook again to get that part back)") for name in lost]
+                     f"{name} — not graded: its check and the cell before it are missing from "
+                     "your copy (copy the notebook again to get that part back)") for name in lost]
         for mark, text in results:
             print(f"{mark} {path.name}: {text}", flush=True)
-            passed, failed, skipped = passed + (mark == "✓"), failed + (mark == "✗"), skipped + (mark == "○")
+            passed, failed, skipped = (passed + (mark == "✓"), failed + (mark == "✗"),
+                                       skipped + (mark == "○"))
             if room and not text.startswith("cell ") and not warned:  # "!" lines are not exercises
                 warning = rooms.record(room, path.stem, *rooms.verdict_of(mark, text))
                 if warning:
@@ -470,24 +509,29 @@ def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpcourse.course", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.course",
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="execute every solution notebook into build/")
     p.add_argument("--out", type=Path, default=None)
     p = sub.add_parser("student", help="generate notebooks/ and labs/ from solutions/")
     p.add_argument("--out", type=Path, default=None, help="write here instead of the checkout")
-    p.add_argument("--force", action="store_true", help="overwrite edited copies in notebooks/ and labs/")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite edited copies in notebooks/ and labs/")
     p = sub.add_parser("check", help="run the learner's notebooks and report each exercise")
     p.add_argument("folder", type=Path, nargs="?", default=None)
-    p.add_argument("--notebook", default="", metavar="PREFIX", help="only the notebooks whose names start so (01)")
+    p.add_argument("--notebook", default="", metavar="PREFIX",
+                   help="only the notebooks whose names start so (01)")
     p.add_argument("--room", default=None, metavar="DIR",
-                   help="also leave one record per exercise in this folder, for the instructor's view "
-                        "(default: $DPCOURSE_ROOM; see python -m dpcourse.room)")
-    if (argv if argv is not None else sys.argv[1:])[:1] == ["room"]:  # the instructor's view: its own options
+                   help="also leave one record per exercise in this folder, for the instructor's "
+                        "view (default: $DPCOURSE_ROOM; see python -m dpcourse.room)")
+    # the instructor's view: its own options
+    if (argv if argv is not None else sys.argv[1:])[:1] == ["room"]:
         from . import room as rooms
 
         return rooms.main((argv if argv is not None else sys.argv[1:])[1:])
-    sub.add_parser("room", help="the instructor's view of a room's records (python -m dpcourse.course room -h)")
+    sub.add_parser("room", help="the instructor's view of a room's records "
+                                "(python -m dpcourse.course room -h)")
     args = parser.parse_args(argv)
     top = _root()
     os.environ.setdefault("DPCOURSE_DATA", str(top / "data"))

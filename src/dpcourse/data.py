@@ -22,7 +22,7 @@ same. A truncated or corrupt file is reported by name and never used.
 
 ImageNet-style trees and shards (notebook 10, dpcourse/images.py)::
 
-    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini   # 10 classes, 64 px JPEGs
+    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini  # 10 classes, 64 px JPEGs
     .venv/bin/python -m dpcourse.data make-shards data/imagenet-mini data/imagenet-mini-shards
     .venv/bin/python -m dpcourse.data stage data/imagenet-mini "$TMPDIR/imagenet"
 """
@@ -50,10 +50,14 @@ from .paths import project_root
 
 # name -> (uncompressed size in bytes, official SHA-256 of the uncompressed file)
 FILES = {
-    "train-images-idx3-ubyte": (47_040_016, "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
-    "train-labels-idx1-ubyte": (60_008, "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
-    "t10k-images-idx3-ubyte": (7_840_016, "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
-    "t10k-labels-idx1-ubyte": (10_008, "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+    "train-images-idx3-ubyte": (47_040_016,
+                                "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+    "train-labels-idx1-ubyte": (60_008,
+                                "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+    "t10k-images-idx3-ubyte": (7_840_016,
+                               "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+    "t10k-labels-idx1-ubyte": (10_008,
+                               "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
 }
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -113,7 +117,8 @@ def _unpack(gz: Path, dest: Path, name: str) -> str | None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{name}.")
     try:
-        with (gzip.open if gz.suffix == ".gz" else open)(gz, "rb") as src, os.fdopen(fd, "wb") as out:
+        with ((gzip.open if gz.suffix == ".gz" else open)(gz, "rb") as src,
+              os.fdopen(fd, "wb") as out):
             shutil.copyfileobj(src, out, 1 << 20)
         problem = check_file(Path(tmp), name)
         if problem:
@@ -173,8 +178,8 @@ def _staging_lock(root: Path):
         (root / "FashionMNIST" / "raw").mkdir(parents=True, exist_ok=True)
         f = open(root / ".fashion-mnist.lock", "w")
     except OSError as err:
-        raise CourseError(f"FashionMNIST cannot be staged in {root} ({err.strerror}). Point --data-root "
-                          "or DPCOURSE_DATA at a folder you can write to.") from None
+        raise CourseError(f"FashionMNIST cannot be staged in {root} ({err.strerror}). Point "
+                          "--data-root or DPCOURSE_DATA at a folder you can write to.") from None
     with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
@@ -195,7 +200,8 @@ def _missing_files(raw: Path, root: Path, progress: bool) -> list[str]:
     return missing
 
 
-def _stage(root: Path, system_dir: Path, download: bool, progress: bool, source: Path | None = None) -> Path:
+def _stage(root: Path, system_dir: Path, download: bool, progress: bool,
+           source: Path | None = None) -> Path:
     raw = root / "FashionMNIST" / "raw"
     if not _missing_files(raw, root, progress):
         return raw  # all there and verified: nothing to write, no lock (the root may be read-only)
@@ -206,23 +212,30 @@ def _stage(root: Path, system_dir: Path, download: bool, progress: bool, source:
             local_gz = raw / f"{name}.gz"  # a learner may drop the official .gz files in raw/
             system_gz = system_dir / f"{name}.gz"
             shared = source / "FashionMNIST" / "raw" / name if source else None  # fetch --from
-            found = next((f for f in (shared, local_gz, system_gz) if f is not None and f.exists()), None)
+            found = next((f for f in (shared, local_gz, system_gz) if f is not None and f.exists()),
+                         None)
             if found is not None:
                 if problem := _unpack(found, raw / name, name):
-                    fix = (f"Delete {local_gz} and put the official file there." if found == local_gz
-                           else f"Stage that copy again: .venv/bin/python -m dpcourse.data fetch --data-root {source}"
-                           if found == shared else "Reinstall it: sudo apt-get install --reinstall dataset-fashion-mnist")
+                    fix = (f"Delete {local_gz} and put the official file there."
+                           if found == local_gz else
+                           f"Stage that copy again: "
+                           f".venv/bin/python -m dpcourse.data fetch --data-root {source}"
+                           if found == shared else
+                           "Reinstall it: sudo apt-get install --reinstall dataset-fashion-mnist")
                     raise CourseError(f"FashionMNIST: {problem}. {fix}")
                 continue
             why = _download(name, raw) if download else "not tried (this command never downloads)"
-            if why is not None:  # offline, or a mirror served something that is not the official file
+            # offline, or a mirror served something that is not the official file
+            if why is not None:
                 raise CourseError(_no_data_message(root, system_dir, why))
     return raw
 
 
 def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool = True,
-                         progress: bool | None = None, source: str | os.PathLike | None = None) -> Path:
-    """Make sure the four verified IDX files are in ``<root>/FashionMNIST/raw`` and return that folder.
+                         progress: bool | None = None,
+                         source: str | os.PathLike | None = None) -> Path:
+    """Make sure the four verified IDX files are in ``<root>/FashionMNIST/raw`` and return that
+    folder.
 
     With a process group, rank 0 stages first and the others wait (then find the files, or, on a
     node-local root, stage their own copy); a file lock keeps processes without a group from
@@ -273,13 +286,14 @@ class InMemoryFashionMNIST(torch.utils.data.Dataset):
 
     def __init__(self, root=None, train: bool = True, device: str | torch.device = "cpu",
                  download: bool = True, first: int | None = None):
-        """``first``: keep only the split's first N images (a quick run; a sampler over this set then
-        draws from those N, in any loader that it feeds)."""
+        """``first``: keep only the split's first N images (a quick run; a sampler over this set
+        then draws from those N, in any loader that it feeds)."""
         images, labels = load_fashion_mnist(root, train, download)
         if first is not None:
             if not 0 < first <= len(labels):
-                raise CourseError(f"the first {first:,} images: the {'training' if train else 'test'} set has "
-                                  f"{len(labels):,}; give a number from 1 to {len(labels):,}.")
+                raise CourseError(f"the first {first:,} images: the "
+                                  f"{'training' if train else 'test'} set has {len(labels):,}; "
+                                  f"give a number from 1 to {len(labels):,}.")
             images, labels = images[:first], labels[:first]
         self.images = images.to(device)
         self.labels = labels.to(device)
@@ -302,16 +316,22 @@ def torchvision_fashion_mnist(root=None, train: bool = True, download: bool = Tr
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpcourse.data", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.data",
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, what in (("fetch", "stage FashionMNIST (from Debian's package, --from a copy, or the web)"),
-                       ("verify", "check the staged FashionMNIST"), ("where", "print FashionMNIST's folder")):
+    for name, what in (("fetch",
+                        "stage FashionMNIST (from Debian's package, --from a copy, or the web)"),
+                       ("verify", "check the staged FashionMNIST"),
+                       ("where", "print FashionMNIST's folder")):
         p = sub.add_parser(name, help=what)
-        p.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: $DPCOURSE_DATA or <checkout>/data)")
+        p.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: "
+                       "$DPCOURSE_DATA or <checkout>/data)")
         if name == "fetch":
             p.add_argument("--from", dest="source", default=None, metavar="DIR",
-                           help="copy from this data root first (e.g. a shared copy, to node-local disk)")
-    p = sub.add_parser("make-imagefolder", help="write a small, learnable ImageNet-style tree (train/, val/)")
+                           help="copy from this data root first (e.g. a shared copy, to "
+                                "node-local disk)")
+    p = sub.add_parser("make-imagefolder",
+                       help="write a small, learnable ImageNet-style tree (train/, val/)")
     p.add_argument("dest")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--per-class", type=int, default=20, help="training images per class")
@@ -322,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("src")
     p.add_argument("dest")
     p.add_argument("--shard-size", type=int, default=1000, help="images per shard")
-    p = sub.add_parser("stage", help="copy a data root to node-local disk, unless an identical copy is there")
+    p = sub.add_parser("stage", help="copy a data root to node-local disk, unless an identical "
+                                     "copy is there")
     p.add_argument("src")
     p.add_argument("dest")
     args = parser.parse_args(argv)
@@ -330,10 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("make-imagefolder", "make-shards", "stage"):
         from . import images  # errors are CourseErrors: one line, exit status 1
         if args.command == "make-imagefolder":
-            out = images.make_imagefolder(args.dest, args.classes, args.per_class, args.val_per_class,
-                                          args.size, args.seed)
-            print(f"{args.classes} classes × ({args.per_class} train + {args.val_per_class} val) images "
-                  f"of {args.size} px in {out}")
+            out = images.make_imagefolder(args.dest, args.classes, args.per_class,
+                                          args.val_per_class, args.size, args.seed)
+            print(f"{args.classes} classes × ({args.per_class} train + {args.val_per_class} val) "
+                  f"images of {args.size} px in {out}")
         elif args.command == "make-shards":
             out = images.make_shards(args.src, args.dest, args.shard_size)
             print(f"tar shards of {args.shard_size} images in {out}")
@@ -341,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.src} staged in {images.stage(args.src, args.dest)}")
         return 0
     if getattr(args, "source", None) and not (Path(args.source) / "FashionMNIST" / "raw").is_dir():
-        raise SystemExit(f"--from {args.source}: no FashionMNIST/raw/ there. Give the data root of a staged "
-                         f"copy (the folder that holds FashionMNIST/), e.g. the course's data/.")
+        raise SystemExit(f"--from {args.source}: no FashionMNIST/raw/ there. Give the data root "
+                         f"of a staged copy (the folder that holds FashionMNIST/), e.g. the "
+                         f"course's data/.")
     if args.command == "where":
         print(raw_dir(args.data_root))
         return 0

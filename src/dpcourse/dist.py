@@ -11,9 +11,9 @@ is there, settles MASTER_ADDR/MASTER_PORT, checks them and gathers the ranks, an
 
 ``setup()`` does both (for tests and helpers); ``cleanup()`` ends the group.
 
-What the labs call lives here; the rendezvous (ports, the roll call, restarts) is dpcourse.rendezvous,
-the one-line explanations of failures dpcourse.explain, and reading the launcher's variables
-dpcourse.whoami.
+What the labs call lives here; the rendezvous (ports, the roll call, restarts) is
+dpcourse.rendezvous, the one-line explanations of failures dpcourse.explain, and reading the
+launcher's variables dpcourse.whoami.
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ from .errors import CourseError
 from .explain import explain_errors
 from .whoami import DistEnv, env_info
 
-__all__ = ["DistEnv", "env_info", "explain_errors", "prepare", "setup", "cleanup", "stop", "rank0_first",
-           "bar_off", "placement", "gpu_roll_call", "why_no_gpu"]  # DistEnv, env_info, explain_errors: for the labs
+# DistEnv, env_info, explain_errors: for the labs
+__all__ = ["DistEnv", "env_info", "explain_errors", "prepare", "setup", "cleanup", "stop",
+           "rank0_first", "bar_off", "placement", "gpu_roll_call", "why_no_gpu"]
 
 
 DEFAULT_TIMEOUT_S = 300  # a collective that waits longer than this ends the run
@@ -54,7 +55,8 @@ COLLECTIVES = ("send_recv", "broadcast", "all_reduce", "reduce", "all_gather", "
                "scatter", "reduce_scatter", "all_to_all", "barrier")
 
 DOCUMENTED = {  # backend -> {collective: (cpu, gpu)}
-    "gloo": dict.fromkeys(COLLECTIVES, ("yes", "yes")) | {"send_recv": ("yes", "no"), "barrier": ("yes", "no")},
+    "gloo": dict.fromkeys(COLLECTIVES, ("yes", "yes")) | {"send_recv": ("yes", "no"),
+                                                          "barrier": ("yes", "no")},
     "mpi": dict.fromkeys(COLLECTIVES, ("yes", "?")) | {"reduce_scatter": ("no", "no")},
     "nccl": dict.fromkeys(COLLECTIVES, ("no", "yes")),
 }
@@ -99,25 +101,32 @@ def why_no_gpu(environ=None) -> str:
         except (OSError, subprocess.SubprocessError) as err:
             said = str(err)
         driver = re.search(r"CUDA Version:\s*([\d.]+)", said)
-        if driver and torch.version.cuda and _version(driver.group(1)) < _version(torch.version.cuda):
+        if (driver and torch.version.cuda
+                and _version(driver.group(1)) < _version(torch.version.cuda)):
             version = re.search(r"Driver Version:\s*([\d.]+)", said)
-            return (f"the NVIDIA driver{' ' + version.group(1) if version else ''} supports CUDA up to "
-                    f"{driver.group(1)}, older than the CUDA {torch.version.cuda} this PyTorch was built for: "
-                    f"load a newer driver (ask your admins), or install a PyTorch built for CUDA {driver.group(1)}")
+            return (f"the NVIDIA driver{' ' + version.group(1) if version else ''} "
+                    f"supports CUDA up to {driver.group(1)}, older than the CUDA "
+                    f"{torch.version.cuda} this PyTorch was built for: load a newer driver "
+                    f"(ask your admins), or install a PyTorch built for CUDA {driver.group(1)}")
         if not driver:
-            return "nvidia-smi finds no working GPU: " + (said.strip().splitlines() or ["(no output)"])[-1]
+            return ("nvidia-smi finds no working GPU: "
+                    + (said.strip().splitlines() or ["(no output)"])[-1])
     elif os.path.exists("/dev/kfd") or shutil.which("rocm-smi"):
-        return ("this node's GPUs are AMD (ROCm) and this PyTorch is NVIDIA's CUDA build: use the ROCm "
-                "build of PyTorch, or a partition with NVIDIA GPUs")
+        return ("this node's GPUs are AMD (ROCm) and this PyTorch is NVIDIA's CUDA build: "
+                "use the ROCm build of PyTorch, or a partition with NVIDIA GPUs")
     if job_gpus(e) is None:
         if "SLURM_JOB_ID" in e:
-            return "the job asked Slurm for no GPU: add #SBATCH --gpus-per-node=N (or --gpus-per-task=1)"
-        if shutil.which("nvidia-smi"):  # it listed GPUs (else we returned above), and CUDA finds none
+            return ("the job asked Slurm for no GPU: "
+                    "add #SBATCH --gpus-per-node=N (or --gpus-per-task=1)")
+        # it listed GPUs (else we returned above), and CUDA finds none
+        if shutil.which("nvidia-smi"):
             if e.get("CUDA_VISIBLE_DEVICES", "unset").strip() == "":
-                return ("CUDA_VISIBLE_DEVICES is set and empty, which hides every GPU nvidia-smi lists here: "
-                        "unset it, or name the GPUs by index from 0 (CUDA_VISIBLE_DEVICES=0,1)")
+                return ("CUDA_VISIBLE_DEVICES is set and empty, which hides every GPU "
+                        "nvidia-smi lists here: unset it, or name the GPUs by index from 0 "
+                        "(CUDA_VISIBLE_DEVICES=0,1)")
             return (f"nvidia-smi lists GPUs here, but CUDA finds none (CUDA_VISIBLE_DEVICES="
-                    f"{e.get('CUDA_VISIBLE_DEVICES', 'unset')}; this PyTorch's CUDA is {torch.version.cuda}): "
+                    f"{e.get('CUDA_VISIBLE_DEVICES', 'unset')}; "
+                    f"this PyTorch's CUDA is {torch.version.cuda}): "
                     "compare with nvidia-smi, and ask your admins")
         return "there is no GPU on this machine"
     return (f"CUDA finds none of the GPUs Slurm gave the job ({job_gpus(e)}; CUDA_VISIBLE_DEVICES="
@@ -129,9 +138,9 @@ class Placement:
     device: torch.device
     note: str | None = None  # one line to say: auto trains on the CPU although the job holds GPUs
 
-def place(backend: str = "auto", device: str = "auto", local_rank: int = 0, local_world_size: int = 1, *,
-          gpus: int, bound: bool = False, held: str | None = None, nccl: bool = True,
-          why_none=lambda: "") -> Placement:
+def place(backend: str = "auto", device: str = "auto", local_rank: int = 0,
+          local_world_size: int = 1, *, gpus: int, bound: bool = False, held: str | None = None,
+          nccl: bool = True, why_none=lambda: "") -> Placement:
     """This process's backend and device, decided from what it sees (no side effects; the table in
     tests/test_dist.py goes through every case).
 
@@ -147,19 +156,20 @@ def place(backend: str = "auto", device: str = "auto", local_rank: int = 0, loca
     else:
         gpu = None
     sharing = gpus > 0 and gpu is None
-    share = (f"this node runs {local_world_size} processes and has {gpus} GPU(s) they would share. Start at "
-             f"most {gpus} per node (--nproc-per-node, --ntasks-per-node), or give each task its own "
-             "(srun --gpus-per-task=1)")
+    share = (f"this node runs {local_world_size} processes and has {gpus} GPU(s) they would "
+             f"share. Start at most {gpus} per node (--nproc-per-node, --ntasks-per-node), or "
+             "give each task its own (srun --gpus-per-task=1)")
     if device == "cuda" and gpu is None:
         raise CourseError(f"--device cuda needs one GPU per process: {share}." if sharing
                           else f"--device cuda, but this process sees no GPU: {why_none()}.")
     if backend == "nccl" and (gpu is None or device == "cpu"):
         if device == "cpu":
-            raise CourseError("NCCL needs a GPU, and --device cpu was asked for: use --backend gloo.")
+            raise CourseError("NCCL needs a GPU, and --device cpu was asked for: "
+                              "use --backend gloo.")
         if sharing:
             raise CourseError(f"NCCL needs one GPU per process: {share}, or use --backend gloo.")
-        raise CourseError(f"NCCL needs a GPU, and this process sees none: {why_none()}. On a CPU node "
-                          "use --backend gloo (or --backend auto).")
+        raise CourseError(f"NCCL needs a GPU, and this process sees none: {why_none()}. "
+                          "On a CPU node use --backend gloo (or --backend auto).")
     if backend == "mpi" and not dist.is_mpi_available():
         raise CourseError("This PyTorch build has no MPI backend: use --backend gloo or nccl.")
     on_gpu = gpu is not None and device != "cpu"
@@ -171,19 +181,22 @@ def place(backend: str = "auto", device: str = "auto", local_rank: int = 0, loca
                 "(--device cuda makes this an error)")
     return Placement(chosen, torch.device("cuda", gpu) if on_gpu else torch.device("cpu"), note)
 
-def placement(backend: str = "auto", device: str = "auto", info: DistEnv | None = None) -> Placement:
+def placement(backend: str = "auto", device: str = "auto",
+              info: DistEnv | None = None) -> Placement:
     """``place()`` for this process: what torch sees, the launcher's binding, Slurm's variables."""
     info = info or env_info()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return place(backend, device, info.local_rank, info.local_world_size, gpus=gpus,
-                 bound=bound_one_each(info.launcher, visible=gpus), held=job_gpus(), nccl=dist.is_nccl_available(),
-                 why_none=why_no_gpu)
+                 bound=bound_one_each(info.launcher, visible=gpus), held=job_gpus(),
+                 nccl=dist.is_nccl_available(), why_none=why_no_gpu)
 
 def describe_gpus(rows: list[dict]) -> tuple[list[str], str | None]:
-    """Rank 0's lines for ``gpu_roll_call`` (one per rank), and the problem when two ranks share a GPU."""
-    lines = [f"rank {r['rank']:>3} on {r['node']}, local rank {r['local_rank']}: {r['device']} = {r['name']} "
-             f"({r['uuid']}), CUDA_VISIBLE_DEVICES={r['visible']}; torch {r['torch']}, CUDA {r['cuda']}, "
-             f"driver {r['driver']}" for r in sorted(rows, key=lambda r: r["rank"])]
+    """Rank 0's lines for ``gpu_roll_call`` (one per rank), and the problem when two ranks share a
+    GPU."""
+    lines = [f"rank {r['rank']:>3} on {r['node']}, local rank {r['local_rank']}: "
+             f"{r['device']} = {r['name']} ({r['uuid']}), CUDA_VISIBLE_DEVICES={r['visible']}; "
+             f"torch {r['torch']}, CUDA {r['cuda']}, driver {r['driver']}"
+             for r in sorted(rows, key=lambda r: r["rank"])]
     seen: dict[tuple, list[int]] = {}
     for r in rows:
         seen.setdefault((r["node"], r["uuid"]), []).append(r["rank"])
@@ -191,16 +204,19 @@ def describe_gpus(rows: list[dict]) -> tuple[list[str], str | None]:
     if not shared:
         return lines, None
     node, uuid, ranks = shared[0]
-    return lines, (f"ranks {rendezvous.ranks_text(sorted(ranks))} on {node} share one GPU ({uuid}): each process needs its own. "
-                   "Ask Slurm for one per process (--gpus-per-node equal to the processes per node, or srun "
+    return lines, (f"ranks {rendezvous.ranks_text(sorted(ranks))} on {node} share one GPU "
+                   f"({uuid}): each process needs its own. Ask Slurm for one per process "
+                   "(--gpus-per-node equal to the processes per node, or srun "
                    "--gpus-per-task=1), or start fewer processes per node.")
 
 def _driver(proc: str = "/proc/driver/nvidia/version") -> str:
     """The NVIDIA driver's version, e.g. 580.159.04: from the kernel module's file (no process
     started), else from nvidia-smi; "?" if neither says. torch has no call for it."""
     try:
-        with open(proc) as f:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ...", or
-            found = re.search(r"Kernel Module(?: for \S+)?\s+([\d.]+)", f.read())  # "...Open Kernel Module for x86_64  580.159.04"
+        # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ...", or
+        # "...Open Kernel Module for x86_64  580.159.04"
+        with open(proc) as f:
+            found = re.search(r"Kernel Module(?: for \S+)?\s+([\d.]+)", f.read())
         if found:
             return found.group(1)
     except OSError:
@@ -214,16 +230,17 @@ def _driver(proc: str = "/proc/driver/nvidia/version") -> str:
         return "?"
 
 def gpu_roll_call(env: DistEnv, gather=None) -> None:
-    """In a GPU run, right after init_process_group: rank 0 prints one line per rank (node, local rank,
-    the GPU it took with its name and UUID, torch, CUDA, driver), and two ranks on one GPU end the run
-    with the fix. Nothing on the CPU. ``gather(obj)`` returns every rank's ``obj`` in rank order
-    (default: torch.distributed's all_gather_object; Horovod: hvd.allgather_object)."""
+    """In a GPU run, right after init_process_group: rank 0 prints one line per rank (node, local
+    rank, the GPU it took with its name and UUID, torch, CUDA, driver), and two ranks on one GPU end
+    the run with the fix. Nothing on the CPU. ``gather(obj)`` returns every rank's ``obj`` in rank
+    order (default: torch.distributed's all_gather_object; Horovod: hvd.allgather_object)."""
     if env.device.type != "cuda":
         return
     props = torch.cuda.get_device_properties(env.device)
-    mine = {"rank": env.rank, "node": socket.gethostname(), "local_rank": env.local_rank, "device": str(env.device),
-            "name": props.name, "uuid": str(getattr(props, "uuid", "?")), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "driver": _driver(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}
+    mine = {"rank": env.rank, "node": socket.gethostname(), "local_rank": env.local_rank,
+            "device": str(env.device), "name": props.name, "uuid": str(getattr(props, "uuid", "?")),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "driver": _driver(),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}
     if gather is None:
         everyone: list = [None] * env.world_size
         dist.all_gather_object(everyone, mine)
@@ -237,12 +254,15 @@ def gpu_roll_call(env: DistEnv, gather=None) -> None:
 
 def choose_backend(backend: str = "auto", device: str = "auto", local_world_size: int = 1) -> str:
     """The backend ``placement`` picks for local rank 0 of ``local_world_size``."""
-    return placement(backend, device, DistEnv(local_world_size=local_world_size, launcher=env_info().launcher)).backend
+    return placement(backend, device, DistEnv(local_world_size=local_world_size,
+                                              launcher=env_info().launcher)).backend
 
 def choose_device(backend: str, local_rank: int = 0, device: str = "auto",
                   local_world_size: int = 1) -> torch.device:
-    """The device ``placement`` picks for ``local_rank`` of ``local_world_size`` with ``backend``."""
-    info = DistEnv(local_rank=local_rank, local_world_size=local_world_size, launcher=env_info().launcher)
+    """The device ``placement`` picks for ``local_rank`` of ``local_world_size`` with
+    ``backend``."""
+    info = DistEnv(local_rank=local_rank, local_world_size=local_world_size,
+                   launcher=env_info().launcher)
     return placement(backend, device, info).device
 
 def bar_off(rank: int) -> bool | None:
@@ -307,7 +327,8 @@ def prepare(backend: str = "auto", device: str = "auto",
         # Said by rank 0, and by the first rank of every other node: a name can resolve on one
         # node and not on another.
         stop(info, f"MASTER_ADDR={addr} does not resolve on {socket.gethostname()}. Check the "
-             f"spelling; it must be rank 0's host name or IP address (in a Slurm job: {rendezvous.SCONTROL}).",
+             "spelling; it must be rank 0's host name or IP address "
+             f"(in a Slurm job: {rendezvous.SCONTROL}).",
              everyone=info.local_rank == 0 and info.local_world_size != info.world_size)
     if info.launcher in ("slurm", "mpi", "env"):
         timeout = rendezvous_timeout_s or float(os.environ.get("DPCOURSE_RDZV_TIMEOUT_S", 60))
@@ -324,7 +345,8 @@ def setup(backend: str = "auto", device: str = "auto",
     env = prepare(backend, device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
-    timeout = timedelta(seconds=timeout_s or float(os.environ.get("DPCOURSE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+    timeout = timedelta(
+        seconds=timeout_s or float(os.environ.get("DPCOURSE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
     return env
 
@@ -337,7 +359,8 @@ def cleanup() -> None:
 def _all_ok(ok: bool) -> bool:
     """Every rank says whether it is fine; all learn whether everyone is."""
     backend = dist.get_backend()
-    dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    dev = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+           else torch.device("cpu"))
     flag = torch.tensor([1 if ok else 0], device=dev)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())

@@ -1,9 +1,10 @@
-"""When something goes wrong on a rank: one line that says what happened, not a traceback from every rank.
+"""When something goes wrong on a rank: one line that says what happened, not a traceback from
+every rank.
 
-``explain_errors()`` installs the excepthook: an unfinished exercise of a learner's lab (said once, by
-rank 0), a collective whose peer died, or one that waited its whole timeout (a hang, with where this
-rank waits). And at exit, what still holds a destroyed process group is let go, so that gloo's threads
-do not outlive the interpreter.
+``explain_errors()`` installs the excepthook: an unfinished exercise of a learner's lab (said once,
+by rank 0), a collective whose peer died, or one that waited its whole timeout (a hang, with where
+this rank waits). And at exit, what still holds a destroyed process group is let go, so that gloo's
+threads do not outlive the interpreter.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from .whoami import env_info
 
 
 def _report_threads_at_exit() -> None:
-    """$DPCOURSE_EXIT_THREADS=1: this process's threads as it exits, in one line (the tests read it).
-    Registered before ``_release_destroyed_groups``, so it runs after it (atexit runs in reverse)."""
+    """$DPCOURSE_EXIT_THREADS=1: this process's threads as it exits, in one line (the tests read
+    it). Registered before ``_release_destroyed_groups``, so it runs after it (atexit runs in
+    reverse)."""
     if os.environ.get("DPCOURSE_EXIT_THREADS") != "1":
         return
     names = []
@@ -35,20 +37,23 @@ def _report_threads_at_exit() -> None:
                 names.append(comm.read().strip())
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
-    os.write(1, f"[exit] rank {os.environ.get('RANK', '?')} threads: {' '.join(sorted(names))}\n".encode())
+    os.write(1, f"[exit] rank {os.environ.get('RANK', '?')} threads: "
+                f"{' '.join(sorted(names))}\n".encode())
 
 def _release_destroyed_groups() -> None:
-    """At exit, once a lab has called ``destroy_process_group``: let go of what still holds its groups.
+    """At exit, once a lab has called ``destroy_process_group``: let go of what still holds its
+    groups.
 
     torch 2.14's DTensor keeps every DeviceMesh it has seen in module-level caches (sharding
     propagation, redistribution plans, mesh topology), and a mesh keeps its process groups. So after
-    FSDP (``fully_shard``) the destroyed group and gloo's threads live on into the interpreter's exit,
-    where a rank can abort ("terminate called without an active exception"; 3 gloo ranks of
+    FSDP (``fully_shard``) the destroyed group and gloo's threads live on into the interpreter's
+    exit, where a rank can abort ("terminate called without an active exception"; 3 gloo ranks of
     labs/fsdp_fashion.py, in CI). Emptied here, the group is freed and its threads end before Python
-    does. The sharding cache is per thread: this empties the main thread's, which is all of it on the
-    CPU (backward runs there), not what autograd's GPU threads filled. A group still initialized (no
-    cleanup) is left as it is."""
-    if not dist.is_available() or dist.is_initialized() or "torch.distributed.tensor" not in sys.modules:
+    does. The sharding cache is per thread: this empties the main thread's, which is all of it on
+    the CPU (backward runs there), not what autograd's GPU threads filled. A group still initialized
+    (no cleanup) is left as it is."""
+    if not dist.is_available() or dist.is_initialized() \
+            or "torch.distributed.tensor" not in sys.modules:
         return
     from torch.distributed.tensor import _collective_utils, _redistribute, debug
 
@@ -66,25 +71,28 @@ atexit.register(_release_destroyed_groups)
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "Socket Timeout", "Timed out waiting", "timed out", "NCCL communicator was aborted")
 
-_SAID = "dpcourse/exercise_said"  # set in the group's store by rank 0 once it has said the unfinished exercise
+# set in the group's store by rank 0 once it has said the unfinished exercise
+_SAID = "dpcourse/exercise_said"
 
 _SAID_WAIT_S = 30.0
 
 def _rank0_said_it() -> bool:
-    """A rank other than 0 at an unfinished exercise: wait until rank 0 has said it (it meets the same stub,
-    but on a loaded machine it can come there seconds later). True once it has, or once the store has gone
-    with rank 0 (srun, mpirun, by hand: rank 0 serves it; under torchrun the agent does, and ends this rank
-    when rank 0 fails); False if rank 0 has not said it within _SAID_WAIT_S (busy elsewhere, in a collective
-    this rank will never join, say): then this rank says it. Without a process group: 3 s, then this rank
-    says it."""
-    store = dist.distributed_c10d._get_default_store() if dist.is_available() and dist.is_initialized() else None
+    """A rank other than 0 at an unfinished exercise: wait until rank 0 has said it (it meets the
+    same stub, but on a loaded machine it can come there seconds later). True once it has, or once
+    the store has gone with rank 0 (srun, mpirun, by hand: rank 0 serves it; under torchrun the
+    agent does, and ends this rank when rank 0 fails); False if rank 0 has not said it within
+    _SAID_WAIT_S (busy elsewhere, in a collective this rank will never join, say): then this rank
+    says it. Without a process group: 3 s, then this rank says it."""
+    store = (dist.distributed_c10d._get_default_store()
+             if dist.is_available() and dist.is_initialized() else None)
     if store is None:
         time.sleep(3.0)
         return False
     try:
         store.wait([_SAID], timedelta(seconds=_SAID_WAIT_S))
         return True
-    except (dist.DistNetworkError, KeyboardInterrupt):  # the store has gone with rank 0; or Ctrl-C: quietly
+    # the store has gone with rank 0; or Ctrl-C: quietly
+    except (dist.DistNetworkError, KeyboardInterrupt):
         return True
     except RuntimeError:  # DistStoreError: the wait's timeout
         return False
@@ -98,8 +106,9 @@ def _tell_the_others() -> None:
         pass  # nobody left to tell
 
 def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
-    """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a traceback;
-    so is an unfinished exercise of a learner's lab, which every rank meets alike: rank 0 says it.
+    """sys.excepthook of a rank in a group: a collective whose peer died is one line, not a
+    traceback; so is an unfinished exercise of a learner's lab, which every rank meets alike: rank 0
+    says it.
 
     (torch's own hook, installed by init_process_group around this one, adds the "[rankN]:" tag.)
     """
@@ -113,10 +122,11 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
             path = os.path.relpath(where.filename)
         except ValueError:
             path = where.filename
-        print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the lab is '
-              "not done yet: complete it (its notebook's check says when it is right), or run the "
-              "complete lab in solutions/labs/.", file=sys.stderr, flush=True)
-        if env_info().rank == 0:  # once torch's hook around this one has written the line (atexit runs after it)
+        print(f'File "{path}", line {where.lineno}, in {where.name}: {text}. This exercise of the '
+              "lab is not done yet: complete it (its notebook's check says when it is right), or "
+              "run the complete lab in solutions/labs/.", file=sys.stderr, flush=True)
+        # once torch's hook around this one has written the line (atexit runs after it)
+        if env_info().rank == 0:
             atexit.register(_tell_the_others)
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
@@ -124,18 +134,21 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         first = re.sub(r"^(\[[^\]]*\]:?\s*)+", "", first).split(". ")[0][:120]  # no source paths
         collective, where = _waiting_in(tb)
-        if "imed out" in text or "Timeout" in text:  # nobody answered: most often a hang, not a crash
-            print(f"{collective} at {where} waited its whole timeout and no other rank joined it ({first}). "
-                  "This is a hang: another rank is not calling the same collective: it called a different "
-                  "one or none (a collective under `if rank == 0:`, ranks that take different numbers of "
-                  "steps), or it is stuck or gone. Compare where each rank waits (this line, on each rank); "
+        # nobody answered: most often a hang, not a crash
+        if "imed out" in text or "Timeout" in text:
+            print(f"{collective} at {where} waited its whole timeout and no other rank joined it "
+                  f"({first}). This is a hang: another rank is not calling the same collective: it "
+                  "called a different one or none (a collective under `if rank == 0:`, ranks that "
+                  "take different numbers of steps), or it is stuck or gone. Compare where each "
+                  "rank waits (this line, on each rank); "
                   "DPCOURSE_TRACEBACK=1 shows this rank's traceback.",
                   file=sys.stderr, flush=True)
         else:
-            print(f"lost another rank in the middle of {collective} at {where} ({first}). It probably "
-                  "crashed, was killed or ran out of time (its own output says why), or it ended without "
-                  "calling this collective. "
-                  "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)", file=sys.stderr, flush=True)
+            print(f"lost another rank in the middle of {collective} at {where} ({first}). It "
+                  "probably crashed, was killed or ran out of time (its own output says why), or "
+                  "it ended without calling this collective. "
+                  "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)",
+                  file=sys.stderr, flush=True)
         return
     fallback(kind, err, tb)
 
@@ -144,8 +157,9 @@ def _waiting_in(tb) -> tuple[str, str]:
     frames = traceback.extract_tb(tb)
     torch_dir = os.path.dirname(torch.__file__)
     ours = [f for f in frames if not f.filename.startswith(torch_dir)]
-    collective = next((f.name for f in reversed(frames) if f.filename.endswith("distributed_c10d.py")
-                       and f.name != "wrapper"), "a collective")
+    collective = next(
+        (f.name for f in reversed(frames) if f.filename.endswith("distributed_c10d.py")
+         and f.name != "wrapper"), "a collective")
     if not ours:
         return collective, "?"
     return collective, f"{os.path.basename(ours[-1].filename)}:{ours[-1].lineno} ({ours[-1].name})"

@@ -9,12 +9,13 @@ On the GPUs this process sees (one process per GPU, each launch through torchrun
     nccl       all_reduce bus bandwidth of a 256 MiB float32 tensor (nccl-tests' definition:
                bytes / time × 2(n − 1)/n), over NCCL; needs 2 GPUs
     fashion    labs/fashion_ddp.py on every GPU to 90 % test accuracy: the time it took
-    resnet50   labs/imagenet_ddp.py, ResNet-50 with autocast (bf16, or fp16 on GPUs without native bf16)
-               and channels_last: images/s over all GPUs, with --synthetic (compute only) and from
-               JPEG files (decoded by DataLoader workers, read from the page cache), past warm-up
+    resnet50   labs/imagenet_ddp.py, ResNet-50 with autocast (bf16, or fp16 on GPUs without
+               native bf16) and channels_last: images/s over all GPUs, with --synthetic (compute
+               only) and from JPEG files (decoded by DataLoader workers, read from the page
+               cache), past warm-up
     memory     labs/fsdp_fashion.py --memory ddp and fsdp: each rank's peak GPU memory
-    clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a checkpoint
-               saved from cuda:0 lands (the symptom needs 2 GPUs)
+    clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a
+               checkpoint saved from cuda:0 lands (the symptom needs 2 GPUs)
 
 It prints one table and writes the figures as JSON (--json). Without a GPU it exits at once with
 status 2 and one line saying why, so that it cannot be mistaken for a pass. --cpu-rehearsal runs
@@ -75,7 +76,8 @@ class Checker:
         script = Path(__file__) if name == "gpucheck" else lab(name, start=self.root / "solutions")
         nproc = self.nproc if nproc is None else nproc
         args = tuple(map(str, args))
-        shown = f"python {script}" if nproc == 1 else f"torchrun --standalone --nproc-per-node {nproc} {script}"
+        shown = (f"python {script}" if nproc == 1
+                 else f"torchrun --standalone --nproc-per-node {nproc} {script}")
         self._commands.append(" ".join([shown, *args]))
         if nproc == 1:
             return python(script, *args, timeout=timeout, echo=False)
@@ -89,12 +91,15 @@ class Checker:
             summary, figures = step()
             ok = True
         except CourseError as err:
-            if str(err).startswith("Interrupted"):  # Ctrl-C in a run: stop here, not at the next check
+            # Ctrl-C in a run: stop here, not at the next check
+            if str(err).startswith("Interrupted"):
                 raise KeyboardInterrupt from err
             summary, figures, ok = f"FAILED: {str(err).splitlines()[0]}", {}, False
-        except Exception as err:  # noqa: BLE001 - a failed check is a row of the table, not a traceback
-            summary, figures, ok = f"FAILED: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", {}, False
-        row = Result(name, ok, summary, round(time.perf_counter() - start, 1), figures, self._commands)
+        except Exception as err:  # noqa: BLE001 - a failed check is a table row, not a traceback
+            summary, figures, ok = (f"FAILED: {type(err).__name__}: "
+                                    f"{str(err).splitlines()[0] if str(err) else ''}"), {}, False
+        row = Result(name, ok, summary, round(time.perf_counter() - start, 1), figures,
+                     self._commands)
         self.results.append(row)
         print(f"{'ok' if ok else 'FAILED':6} {name:9} {summary} ({row.seconds:.0f} s)", flush=True)
 
@@ -111,10 +116,11 @@ def _last(run: Run, event: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------ the checks
 def doctor(c: Checker):
-    args = ["--skip-allreduce"] if c.rehearsal else []  # rehearsing: the all-reduce is the nccl check's
+    # rehearsing: the all-reduce is the nccl check's
+    args = ["--skip-allreduce"] if c.rehearsal else []
     c._commands.append(" ".join(["python -m dpcourse.doctor", *args]))
-    done = subprocess.run([sys.executable, "-m", "dpcourse.doctor", *args], capture_output=True, text=True,
-                          timeout=300, cwd=c.root)
+    done = subprocess.run([sys.executable, "-m", "dpcourse.doctor", *args], capture_output=True,
+                          text=True, timeout=300, cwd=c.root)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     if done.returncode != 0:
         problems = [line for line in lines if "✗" in line] or lines[-1:]
@@ -142,11 +148,14 @@ def fashion(c: Checker):
     run = c.launch("fashion_ddp", *args)
     done = _last(run, "done")
     accuracy, seconds = done.get("test_accuracy"), done.get("elapsed_s")
-    speeds = [r["samples_per_s"] for r in run.log if r.get("samples_per_s")]  # the done record's window may be empty
+    # the done record's window may be empty
+    speeds = [r["samples_per_s"] for r in run.log if r.get("samples_per_s")]
     figures = {"test_accuracy": accuracy, "elapsed_s": seconds, "epoch": done.get("epoch"),
-               "samples_per_s": speeds[-1] if speeds else None, "world_size": done.get("world_size")}
+               "samples_per_s": speeds[-1] if speeds else None,
+               "world_size": done.get("world_size")}
     if not c.rehearsal and (accuracy is None or accuracy < target):
-        raise CourseError(f"test accuracy {accuracy} after {done.get('epoch')} epochs, below {target:.0%}")
+        raise CourseError(f"test accuracy {accuracy} after {done.get('epoch')} epochs, "
+                          f"below {target:.0%}")
     return (f"{accuracy:.2%} test accuracy after {done.get('epoch')} epochs in {seconds:.1f} s "
             f"on {c.on}"), figures
 
@@ -159,31 +168,35 @@ def resnet50(c: Checker):
         amp = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
         batch, steps, every = 128, 60, 20
         model = ["--arch", "resnet50", "--channels-last"]
-    common = [*model, "--amp", amp, "--batch-size", batch, "--device", c.device, "--backend", c.backend,
-              "--no-eval", "--log-every", every, "--max-steps", steps]
-    synthetic = _throughput(c.launch("imagenet_ddp", "--synthetic", "--synthetic-steps", steps + 1, *common), steps, every)
+    common = [*model, "--amp", amp, "--batch-size", batch, "--device", c.device,
+              "--backend", c.backend, "--no-eval", "--log-every", every, "--max-steps", steps]
+    synthetic = _throughput(c.launch("imagenet_ddp", "--synthetic", "--synthetic-steps", steps + 1,
+                                     *common), steps, every)
     with tempfile.TemporaryDirectory(prefix="dpcourse-gpu-check-") as tmp:
-        # One epoch longer than the run (a new epoch starts new DataLoader workers): a few hundred drawn
-        # JPEGs, hard-linked until the epoch has (steps + 1) global batches.
+        # One epoch longer than the run (a new epoch starts new DataLoader workers): a few hundred
+        # drawn JPEGs, hard-linked until the epoch has (steps + 1) global batches.
         jpegs = _jpeg_set(Path(tmp), (steps + 1) * batch * c.nproc, rehearsal=c.rehearsal)
         workers = 2 if c.rehearsal else max(1, min(8, job_cores() // c.nproc - 1))
-        jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", jpegs, "--epochs", 1, "--workers", workers, *common),
+        jpeg = _throughput(c.launch("imagenet_ddp", "--data-root", jpegs, "--epochs", 1,
+                                    "--workers", workers, *common),
                            steps, every)
-    return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files ({jpeg / synthetic:.0%} of it; "
-            f"{'autocast ' + amp if amp != 'off' else 'no autocast'}, all {c.on}: {synthetic / c.nproc:,.0f} and "
-            f"{jpeg / c.nproc:,.0f} per process)"), \
-        {"synthetic_images_per_s": synthetic, "jpeg_images_per_s": jpeg, "amp": amp, "batch_per_process": batch,
-         "dataloader_workers_per_process": workers}
+    return (f"{synthetic:,.0f} images/s synthetic, {jpeg:,.0f} from JPEG files "
+            f"({jpeg / synthetic:.0%} of it; "
+            f"{'autocast ' + amp if amp != 'off' else 'no autocast'}, all {c.on}: "
+            f"{synthetic / c.nproc:,.0f} and {jpeg / c.nproc:,.0f} per process)"), \
+        {"synthetic_images_per_s": synthetic, "jpeg_images_per_s": jpeg, "amp": amp,
+         "batch_per_process": batch, "dataloader_workers_per_process": workers}
 
 
 def _jpeg_set(dest: Path, images: int, rehearsal: bool) -> Path:
-    """An ImageFolder (train/, val/) with at least ``images`` training files: 400 drawn JPEGs of 256 px
-    (4 of 48 px rehearsing), hard-linked over and over (cheap: no more drawing, no more disk)."""
+    """An ImageFolder (train/, val/) with at least ``images`` training files: 400 drawn JPEGs of
+    256 px (4 of 48 px rehearsing), hard-linked over and over (cheap: no more drawing, no more
+    disk)."""
     from dpcourse.images import make_imagefolder
 
     classes, drawn = (4, 1) if rehearsal else (100, 4)
-    make_imagefolder(dest, classes=classes, per_class=drawn, val_per_class=1, size=48 if rehearsal else 256,
-                     progress=False)
+    make_imagefolder(dest, classes=classes, per_class=drawn, val_per_class=1,
+                     size=48 if rehearsal else 256, progress=False)
     per_class = -(-images // classes)
     for folder in sorted(p for p in (dest / "train").iterdir() if p.is_dir()):
         originals = sorted(folder.iterdir())
@@ -194,13 +207,13 @@ def _jpeg_set(dest: Path, images: int, rehearsal: bool) -> Path:
 
 
 def _throughput(run: Run, steps: int, every: int) -> float:
-    """Images per second over all processes in the last logged window, past the first (warm-up: cuDNN's
-    autotuning, the first batches, the DataLoader's start)."""
+    """Images per second over all processes in the last logged window, past the first (warm-up:
+    cuDNN's autotuning, the first batches, the DataLoader's start)."""
     _last(run, "done")
     windows = [r for r in run.log if r.get("event") == "train" and r.get("samples_per_s")]
     if len(windows) < 2 and every < steps:
-        raise CourseError(f"the run logged {len(windows)} throughput window(s) of {every} steps; 2 were expected "
-                          "(the first is warm-up)")
+        raise CourseError(f"the run logged {len(windows)} throughput window(s) of {every} steps; "
+                          "2 were expected (the first is warm-up)")
     return windows[-1]["samples_per_s"]
 
 
@@ -211,7 +224,8 @@ def memory(c: Checker):
         args += ["--width", 64, "--layers", 2] if c.rehearsal else []
         done = _last(c.launch("fsdp_fashion", *args), "memory")
         peaks[strategy] = max(r["peak_bytes"] for r in done["ranks"])
-    return (f"peak per rank: DDP {peaks['ddp'] / MIB:,.0f} MiB, FSDP {peaks['fsdp'] / MIB:,.0f} MiB "
+    return (f"peak per rank: DDP {peaks['ddp'] / MIB:,.0f} MiB, "
+            f"FSDP {peaks['fsdp'] / MIB:,.0f} MiB "
             f"({peaks['fsdp'] / peaks['ddp']:.2f} of DDP's) on {c.on}"), {"peak_bytes": peaks}
 
 
@@ -221,25 +235,29 @@ def clinic(c: Checker):
         fixed = _last(c.launch("bugs/no_set_device_fixed", "--ckpt", f"{tmp}/ckpt.pt"), "done")
     wrong = [r for r in fixed["ranks"] if r["loaded_on"] != [r["device"]]]
     if wrong:
-        raise CourseError(f"the fixed twin: rank {wrong[0]['rank']} loaded onto {wrong[0]['loaded_on']}, "
-                          f"not {wrong[0]['device']}")
-    if c.rehearsal:  # on the CPU the buggy one cannot even load the checkpoint: the CPU symptom
+        raise CourseError(f"the fixed twin: rank {wrong[0]['rank']} loaded onto "
+                          f"{wrong[0]['loaded_on']}, not {wrong[0]['device']}")
+    # on the CPU the buggy one cannot even load the checkpoint: the CPU symptom
+    if c.rehearsal:
         if bug.returncode == 0 or not any("could not load" in line for line in bug.lines):
-            raise CourseError("the buggy script did not fail to load a checkpoint saved from cuda:0 on the CPU")
+            raise CourseError("the buggy script did not fail to load a checkpoint saved from "
+                              "cuda:0 on the CPU")
         return "the bug: no rank could load; fixed: each rank on its own device", {}
     ranks = _last(bug, "done")["ranks"]
     landed = sorted({d for r in ranks for d in r["loaded_on"]})
     if c.nproc >= 2 and landed != ["cuda:0"]:
-        raise CourseError(f"the bug should put every rank's copy on cuda:0, but they landed on {landed}")
+        raise CourseError("the bug should put every rank's copy on cuda:0, "
+                          f"but they landed on {landed}")
     mib = ranks[0]["mib_per_gpu"]
     return (f"the bug: every rank's copy on {', '.join(landed)} (rank 0's MiB per GPU {mib}); "
             "fixed: each rank's on its own GPU"), {"bug_loaded_on": landed, "fixed": fixed["ranks"]}
 
 
-CHECKS = {"doctor": doctor, "nccl": nccl, "fashion": fashion, "resnet50": resnet50, "memory": memory, "clinic": clinic}
+CHECKS = {"doctor": doctor, "nccl": nccl, "fashion": fashion, "resnet50": resnet50,
+          "memory": memory, "clinic": clinic}
 
 
-# ------------------------------------------------------------------------------ the bandwidth worker
+# -------------------------------------------------------------------------- the bandwidth worker
 def busbw_worker(args) -> None:
     """One rank of the bandwidth check: time all_reduce of a float32 tensor, rank 0 logs it."""
     from dpcourse.metrics import JsonLog
@@ -247,7 +265,8 @@ def busbw_worker(args) -> None:
     env = ddp_env.prepare(args.backend, args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
-    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=120))
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=120))
     x = torch.ones(args.mib * MIB // 4, device=env.device)
 
     def sync():
@@ -262,43 +281,53 @@ def busbw_worker(args) -> None:
     for _ in range(args.iters):
         dist.all_reduce(x)
     sync()
-    seconds = torch.tensor([(time.perf_counter() - start) / args.iters], device=env.device)  # NCCL: on the GPU
+    # NCCL: on the GPU
+    seconds = torch.tensor([(time.perf_counter() - start) / args.iters], device=env.device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's time is the collective's
     n, size = env.world_size, args.mib * MIB
     algbw = size / seconds.item() / 1e9
     if env.rank == 0:
-        JsonLog(args.log_json).write("busbw", backend=env.backend, world_size=n, bytes=size, iters=args.iters,
-                                     seconds=round(seconds.item(), 6), algbw_gbs=round(algbw, 2),
+        JsonLog(args.log_json).write("busbw", backend=env.backend, world_size=n, bytes=size,
+                                     iters=args.iters, seconds=round(seconds.item(), 6),
+                                     algbw_gbs=round(algbw, 2),
                                      busbw_gbs=round(algbw * 2 * (n - 1) / n, 2))
     dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------ the command
 def describe_node(rehearsal: bool) -> dict:
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if not rehearsal else []
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if not rehearsal else [])
     return {"node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "gpus": gpus,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "driver": ddp_env._driver() if gpus else None,
-            "rehearsal": rehearsal}
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "driver": ddp_env._driver() if gpus else None, "rehearsal": rehearsal}
 
 
 def table(node: dict, results: list[Result]) -> str:
     head = (f"make gpu-check on {node['node']}: "
-            + (f"{len(node['gpus'])} × {node['gpus'][0]}, driver {node['driver']}" if node["gpus"] else
-               "CPU REHEARSAL (gloo, tiny sizes: these figures say nothing about a GPU)")
+            + (f"{len(node['gpus'])} × {node['gpus'][0]}, driver {node['driver']}"
+               if node["gpus"]
+               else "CPU REHEARSAL (gloo, tiny sizes: these figures say nothing about a GPU)")
             + f"; torch {node['torch']} (CUDA {node['cuda']})")
     width = max(len(r.summary) for r in results)
-    rows = [head, f"{'check':9}  {'result':{width}}  {'time':>6}", f"{'-' * 9}  {'-' * width}  {'-' * 6}"]
+    rows = [head, f"{'check':9}  {'result':{width}}  {'time':>6}",
+            f"{'-' * 9}  {'-' * width}  {'-' * 6}"]
     rows += [f"{r.name:9}  {r.summary:{width}}  {r.seconds:>5.0f}s" for r in results]
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpcourse.gpucheck", description=__doc__.split("\n")[0])
-    p.add_argument("--json", default=None, help="write the figures here (make gpu-check: build/gpu-check.json)")
-    p.add_argument("--only", default=",".join(CHECKS), help=f"a comma-separated subset of {', '.join(CHECKS)}")
-    p.add_argument("--nproc", type=int, default=None, help="processes (default: one per visible GPU)")
+    p = argparse.ArgumentParser(prog="python -m dpcourse.gpucheck",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--json", default=None,
+                   help="write the figures here (make gpu-check: build/gpu-check.json)")
+    p.add_argument("--only", default=",".join(CHECKS),
+                   help=f"a comma-separated subset of {', '.join(CHECKS)}")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="processes (default: one per visible GPU)")
     p.add_argument("--cpu-rehearsal", action="store_true",
-                   help="the same steps on the CPU with gloo and tiny sizes: tests this tool, measures nothing")
+                   help="the same steps on the CPU with gloo and tiny sizes: "
+                        "tests this tool, measures nothing")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mib", type=int, default=256, help=argparse.SUPPRESS)
     p.add_argument("--iters", type=int, default=20, help=argparse.SUPPRESS)
@@ -313,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown check(s) {', '.join(sorted(unknown))}: choose from {', '.join(CHECKS)}")
     if not args.cpu_rehearsal and not torch.cuda.is_available():
-        print(f"make gpu-check needs a GPU, and none is usable here: {ddp_env.why_no_gpu()}. Run it on a GPU node, "
-              "e.g. srun --gpus-per-node=4 --cpus-per-gpu=8 --time=30:00 make gpu-check (with your account and "
-              "partition).", file=sys.stderr)
+        print(f"make gpu-check needs a GPU, and none is usable here: {ddp_env.why_no_gpu()}. "
+              "Run it on a GPU node, e.g. srun --gpus-per-node=4 --cpus-per-gpu=8 --time=30:00 "
+              "make gpu-check (with your account and partition).", file=sys.stderr)
         return 2
     root = project_root(Path.cwd())
     if root is None:
@@ -340,13 +369,14 @@ def main(argv: list[str] | None = None) -> int:
             print(table(node, checker.results), flush=True)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps({**node, "nproc": nproc,
-                                                   "checks": [asdict(r) for r in checker.results]}, indent=1) + "\n")
+            Path(args.json).write_text(json.dumps(
+                {**node, "nproc": nproc, "checks": [asdict(r) for r in checker.results]},
+                indent=1) + "\n")
             print(f"figures in {args.json}", flush=True)
     failed = [r.name for r in checker.results if not r.ok]
     if failed:
-        print(f"make gpu-check: {len(failed)} check(s) failed: {', '.join(failed)} (their lines above say why)",
-              file=sys.stderr)
+        print(f"make gpu-check: {len(failed)} check(s) failed: {', '.join(failed)} "
+              "(their lines above say why)", file=sys.stderr)
     return 1 if failed else 0
 
 

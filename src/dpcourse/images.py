@@ -10,7 +10,7 @@ A data root holds ``train/`` and ``val/``, each in one of two layouts:
   sits in which tar) and ``shards.json`` (class names, files). A few large files: one open per
   shard, then plain reads at known offsets, so the usual ``DistributedSampler`` still works.
 
-    python -m dpcourse.data make-imagefolder data/imagenet-mini        # small, learnable, no download
+    python -m dpcourse.data make-imagefolder data/imagenet-mini   # small, learnable, no download
     python -m dpcourse.data make-shards data/imagenet-mini data/imagenet-mini-shards
     python -m dpcourse.data stage data/imagenet-mini-shards "$TMPDIR/imagenet"   # node-local copy
 
@@ -50,13 +50,15 @@ SHARDS_JSON = "shards.json"
 STAGED = ".staged.json"
 # torchvision 0.29 marks its JPEG decoder deprecated in favour of TorchCodec, which is not yet part
 # of the course's pinned environment; decode_jpeg (CPU and nvJPEG) works and is what we teach.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
+warnings.filterwarnings("ignore",
+                        message="The image decoding and encoding capabilities of TorchVision")
 
 
 # ------------------------------------------------------------------ a learnable ImageFolder tree
 def class_names(classes: int) -> list[str]:
     """'00_disc_h000', ...: class c is a shape (c mod 5) in a hue of its own."""
-    return [f"{c:02d}_{SHAPES[c % len(SHAPES)]}_h{round(360 * _hue(c, classes)):03d}" for c in range(classes)]
+    return [f"{c:02d}_{SHAPES[c % len(SHAPES)]}_h{round(360 * _hue(c, classes)):03d}"
+            for c in range(classes)]
 
 
 def _hue(c: int, classes: int) -> float:
@@ -68,11 +70,13 @@ def draw(c: int, classes: int, size: int, rng: random.Random):
     noisy background of another colour. A CNN learns these within a few epochs."""
     from PIL import Image, ImageDraw
 
-    bg = tuple(int(255 * v) for v in colorsys.hsv_to_rgb(rng.random(), rng.uniform(0, .4), rng.uniform(.2, .6)))
+    bg = tuple(int(255 * v) for v in colorsys.hsv_to_rgb(rng.random(), rng.uniform(0, .4),
+                                                         rng.uniform(.2, .6)))
     noise = np.random.default_rng(rng.getrandbits(32)).integers(-25, 26, (size, size, 3))
     img = Image.fromarray(np.clip(np.array(bg) + noise, 0, 255).astype(np.uint8))
     hue = (_hue(c, classes) + rng.uniform(-.03, .03)) % 1.0
-    fg = tuple(int(255 * v) for v in colorsys.hsv_to_rgb(hue, rng.uniform(.7, 1), rng.uniform(.75, 1)))
+    fg = tuple(int(255 * v) for v in colorsys.hsv_to_rgb(hue, rng.uniform(.7, 1),
+                                                         rng.uniform(.75, 1)))
     r = size * rng.uniform(.2, .38)
     cx, cy = (rng.uniform(r, size - r) for _ in range(2))
     d, shape = ImageDraw.Draw(img), SHAPES[c % len(SHAPES)]
@@ -98,7 +102,8 @@ def make_imagefolder(dest, classes: int = 10, per_class: int = 20, val_per_class
     always write the same images."""
     dest = Path(dest)
     if classes < 2 or per_class < 1 or val_per_class < 1 or size < 16:
-        raise CourseError("make-imagefolder needs at least 2 classes, 1 image per class and split, and 16 px.")
+        raise CourseError("make-imagefolder needs at least 2 classes, 1 image per class and split, "
+                          "and 16 px.")
     names = class_names(classes)
     jobs = [(split, c, i) for split, n in (("train", per_class), ("val", val_per_class))
             for c in range(classes) for i in range(n)]
@@ -111,7 +116,8 @@ def make_imagefolder(dest, classes: int = 10, per_class: int = 20, val_per_class
 
 
 # ------------------------------------------------------------------------------ tar shards
-def make_shards(src, dest, shard_size: int = 1000, seed: int = 0, progress: bool | None = None) -> Path:
+def make_shards(src, dest, shard_size: int = 1000, seed: int = 0,
+                progress: bool | None = None) -> Path:
     """Pack the ImageFolder tree ``src`` (train/ and val/) into tar shards of ``shard_size``
     images in ``dest``, in a shuffled order (every shard holds every class), with the index
     that lets a Dataset read image i without scanning."""
@@ -120,7 +126,8 @@ def make_shards(src, dest, shard_size: int = 1000, seed: int = 0, progress: bool
     src, dest = Path(src), Path(dest)
     splits = [s for s in ("train", "val") if (src / s).is_dir()]
     if not splits:
-        raise CourseError(f"make-shards: {src} has no train/ or val/ folder (the ImageFolder layout).")
+        raise CourseError(f"make-shards: {src} has no train/ or val/ folder "
+                          "(the ImageFolder layout).")
     for split in splits:
         folder = ImageFolder(src / split)
         order = list(range(len(folder.samples)))
@@ -128,7 +135,8 @@ def make_shards(src, dest, shard_size: int = 1000, seed: int = 0, progress: bool
         out = dest / split
         out.mkdir(parents=True, exist_ok=True)
         files, where, tar = [], {"shard": [], "offset": [], "size": [], "target": []}, None
-        for n, i in enumerate(tqdm(order, desc=f"shards of {split}", unit="img", disable=_quiet(progress))):
+        for n, i in enumerate(tqdm(order, desc=f"shards of {split}", unit="img",
+                                   disable=_quiet(progress))):
             if n % shard_size == 0:
                 if tar is not None:
                     tar.close()
@@ -150,8 +158,9 @@ def make_shards(src, dest, shard_size: int = 1000, seed: int = 0, progress: bool
             tar.addfile(info, io.BytesIO(label))
         tar.close()
         np.savez(out / "index.npz", **{k: np.asarray(v, dtype=np.int64) for k, v in where.items()})
-        (out / SHARDS_JSON).write_text(json.dumps({"format": "dpcourse-shards/1", "classes": folder.classes,
-                                                   "files": files, "images": len(order)}, indent=1))
+        (out / SHARDS_JSON).write_text(json.dumps({"format": "dpcourse-shards/1",
+                                                   "classes": folder.classes, "files": files,
+                                                   "images": len(order)}, indent=1))
     return dest
 
 
@@ -162,8 +171,9 @@ def layout(split_dir) -> str:
         return "shards"
     if split_dir.is_dir() and any(p.is_dir() for p in split_dir.iterdir()):
         return "folders"
-    raise CourseError(f"{split_dir}: neither class folders (ImageFolder) nor tar shards ({SHARDS_JSON}). "
-                      "--data-root must hold train/ and val/; for a small tree to practise on, run\n"
+    raise CourseError(f"{split_dir}: neither class folders (ImageFolder) nor tar shards "
+                      f"({SHARDS_JSON}). --data-root must hold train/ and val/; "
+                      "for a small tree to practise on, run\n"
                       "    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini")
 
 
@@ -177,7 +187,8 @@ def stage(src, dest, progress: bool | None = None) -> Path:
     """
     src, dest = Path(src).expanduser(), Path(dest).expanduser()
     if not src.is_dir():
-        raise CourseError(f"stage: {src} is not a folder. Give the data root that holds train/ and val/.")
+        raise CourseError(f"stage: {src} is not a folder. "
+                          "Give the data root that holds train/ and val/.")
     if src.resolve() == dest.resolve():
         return dest
     files = sorted(p for p in src.rglob("*") if p.is_file() and p.name != STAGED)
@@ -189,21 +200,23 @@ def stage(src, dest, progress: bool | None = None) -> Path:
         dest.mkdir(parents=True, exist_ok=True)
         lock = open(dest.parent / f".{dest.name}.lock", "w")
     except OSError as err:
-        raise CourseError(f"stage: cannot write to {dest} ({err.strerror}); choose a node-local folder "
-                          "you can write to, e.g. $TMPDIR/imagenet.") from None
+        raise CourseError(f"stage: cannot write to {dest} ({err.strerror}); choose a node-local "
+                          "folder you can write to, e.g. $TMPDIR/imagenet.") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _read_json(marker) == manifest:  # another process of this node copied it meanwhile
             return dest
         marker.unlink(missing_ok=True)
         check_room(dest, sum(size for rel, size in manifest.items()
-                             if not ((dest / rel).exists() and (dest / rel).stat().st_size == size)))
+                             if not ((dest / rel).exists()
+                                     and (dest / rel).stat().st_size == size)))
         with tqdm(total=sum(manifest.values()), unit="B", unit_scale=True, desc=f"stage to {dest}",
                   disable=_quiet(progress)) as bar:
             for p in files:
                 target = dest / p.relative_to(src)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                if not (target.exists() and target.stat().st_size == manifest[str(p.relative_to(src))]):
+                if not (target.exists()
+                        and target.stat().st_size == manifest[str(p.relative_to(src))]):
                     shutil.copyfile(p, target)
                 bar.update(manifest[str(p.relative_to(src))])
         marker.write_text(json.dumps(manifest))
@@ -218,7 +231,8 @@ def filesystem_type(path) -> str:
             for line in f:
                 _, mount, fstype = line.split()[:3]
                 mount = mount.replace("\\040", " ")
-                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) \
+                        and len(mount) > len(best):
                     best, kind = mount, fstype
     except OSError:
         pass
@@ -226,27 +240,32 @@ def filesystem_type(path) -> str:
 
 
 def check_room(dest, needed: int) -> None:
-    """Raise one CourseError, before anything is copied, when ``dest`` cannot take ``needed`` more bytes.
+    """Raise one CourseError, before anything is copied, when ``dest`` cannot take ``needed``
+    more bytes.
 
-    On many GPU systems the node's /tmp (or $TMPDIR) is a tmpfs: RAM, counted against the job's memory,
-    so a copy that fills it ends the job (or the node) partway through instead of saying why.
+    On many GPU systems the node's /tmp (or $TMPDIR) is a tmpfs: RAM, counted against the job's
+    memory, so a copy that fills it ends the job (or the node) partway through instead of saying
+    why.
     """
     free, ram = shutil.disk_usage(dest).free, filesystem_type(dest) == "tmpfs"
-    left = memory_left() if ram else None  # a tmpfs's free space is the node's; the job may hold far less
+    # a tmpfs's free space is the node's; the job may hold far less
+    left = memory_left() if ram else None
     if needed <= free and (left is None or needed <= left):
         return
-    where = (f"only {_size(free)} free there" + (" (a tmpfs: RAM, counted against the job's memory)" if ram else "")
-             if needed > free else f"{dest} is a tmpfs (RAM), and the job's memory limit leaves {_size(left)}")
+    where = (f"only {_size(free)} free there"
+             + (" (a tmpfs: RAM, counted against the job's memory)" if ram else "")
+             if needed > free
+             else f"{dest} is a tmpfs (RAM), and the job's memory limit leaves {_size(left)}")
     raise CourseError(
-        f"stage: {_size(needed)} to copy to {dest}, but {where}. Stage to a larger node-local disk (ask your "
-        "centre which: often $TMPDIR or /local), read the shards from the shared copy instead (no "
-        "--stage-to), or train on fewer classes.")
+        f"stage: {_size(needed)} to copy to {dest}, but {where}. Stage to a larger node-local disk "
+        "(ask your centre which: often $TMPDIR or /local), read the shards from the shared copy "
+        "instead (no --stage-to), or train on fewer classes.")
 
 
 def memory_left() -> int | None:
-    """Bytes this process's cgroup (a Slurm job's, on most clusters) may still use, or None if unlimited
-    or unknown: the tightest memory.max - memory.current of its cgroup and those above it (cgroup v2),
-    or memory.limit_in_bytes - memory.usage_in_bytes (v1)."""
+    """Bytes this process's cgroup (a Slurm job's, on most clusters) may still use, or None if
+    unlimited or unknown: the tightest memory.max - memory.current of its cgroup and those above it
+    (cgroup v2), or memory.limit_in_bytes - memory.usage_in_bytes (v1)."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -257,13 +276,15 @@ def memory_left() -> int | None:
         if controllers == "":  # v2
             base, limit_name, usage_name = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
         elif "memory" in controllers.split(","):  # v1
-            base, limit_name, usage_name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"
+            base, limit_name, usage_name = (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes",
+                                            "memory.usage_in_bytes")
         else:
             continue
         here = base / path.lstrip("/")
         while True:
             try:
-                limit, usage = (here / limit_name).read_text().strip(), int((here / usage_name).read_text())
+                limit, usage = ((here / limit_name).read_text().strip(),
+                                int((here / usage_name).read_text()))
                 if limit.isdigit() and int(limit) < 2**60:
                     best = int(limit) - usage if best is None else min(best, int(limit) - usage)
             except (OSError, ValueError):
@@ -298,7 +319,8 @@ def _read_json(path: Path):
 
 def _quiet(progress: bool | None) -> bool:
     if progress is None:
-        return not sys.stderr.isatty() or bool(os.environ.get("CI") or os.environ.get("TQDM_DISABLE"))
+        return (not sys.stderr.isatty()
+                or bool(os.environ.get("CI") or os.environ.get("TQDM_DISABLE")))
     return not progress
 
 
@@ -349,7 +371,8 @@ class JpegImages(torch.utils.data.Dataset):
         return len(self.targets)
 
     def generator(self, index: int) -> torch.Generator:
-        return torch.Generator().manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + index) % 2**63)
+        return torch.Generator().manual_seed(
+            ((self.seed * 1_000_003 + self.epoch) * 1_000_003 + index) % 2**63)
 
     def __getitem__(self, index: int):
         data = self.read(index)
@@ -358,7 +381,8 @@ class JpegImages(torch.utils.data.Dataset):
         from torchvision.io import ImageReadMode, decode_jpeg
 
         img = decode_jpeg(data, mode=ImageReadMode.RGB)
-        img = random_resized_crop(img, self.size, self.generator(index)) if self.train else center_crop(img, self.size)
+        img = (random_resized_crop(img, self.size, self.generator(index)) if self.train
+               else center_crop(img, self.size))
         return img, self.targets[index]
 
 
@@ -370,10 +394,13 @@ class JpegFolder(JpegImages):
 
         super().__init__(train, size, seed, decode)
         listed = staged_files(split_dir)
-        if listed is None:  # a tree that was not staged: torchvision walks it (every file, on every rank)
+        if listed is None:
+            # a tree that was not staged: torchvision walks it (every file, on every rank)
             folder = ImageFolder(split_dir)  # finds the files and classes; decodes nothing
             samples, self.classes = folder.samples, folder.classes
-        else:  # a staged copy: the file list that stage() wrote once for the node, in ImageFolder's order
+        else:
+            # a staged copy: the file list that stage() wrote once for the node,
+            # in ImageFolder's order
             samples, self.classes = _folder_samples(Path(split_dir), listed)
         self.files = [path for path, _ in samples]
         self.targets = [target for _, target in samples]
@@ -384,12 +411,14 @@ class JpegFolder(JpegImages):
         return read_file(self.files[index])
 
 
-def _folder_samples(split_dir: Path, listed: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
-    """ImageFolder's (samples, classes) from a list of relative paths: the class folders sorted, and in
-    each, its images sorted as torchvision's os.walk order does (folder, then name)."""
+def _folder_samples(split_dir: Path,
+                    listed: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    """ImageFolder's (samples, classes) from a list of relative paths: the class folders sorted, and
+    in each, its images sorted as torchvision's os.walk order does (folder, then name)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    classes = sorted(d.name for d in os.scandir(split_dir) if d.is_dir())  # a thousand entries, not a million
+    # a thousand entries, not a million
+    classes = sorted(d.name for d in os.scandir(split_dir) if d.is_dir())
     index = {c: i for i, c in enumerate(classes)}
     by_class: dict[str, list[tuple[str, str]]] = {c: [] for c in classes}
     for rel in listed:
@@ -400,7 +429,8 @@ def _folder_samples(split_dir: Path, listed: list[str]) -> tuple[list[tuple[str,
     if empty:
         raise CourseError(f"{split_dir}: no images in the class folder(s) {', '.join(empty[:5])}: "
                           "stage the data again from a complete copy.")
-    samples = [(os.path.join(split_dir, folder, name), index[c]) for c in classes for folder, name in sorted(by_class[c])]
+    samples = [(os.path.join(split_dir, folder, name), index[c])
+               for c in classes for folder, name in sorted(by_class[c])]
     return samples, classes
 
 
@@ -436,7 +466,8 @@ class TarShards(JpegImages):
                 pass
 
 
-def image_dataset(split_dir, train: bool, size: int, seed: int = 0, decode: bool = True) -> JpegImages:
+def image_dataset(split_dir, train: bool, size: int, seed: int = 0,
+                  decode: bool = True) -> JpegImages:
     """A :class:`TarShards` or a :class:`JpegFolder`, whichever ``split_dir`` holds."""
     kind = TarShards if layout(split_dir) == "shards" else JpegFolder
     return kind(split_dir, train, size, seed, decode)
@@ -454,7 +485,8 @@ def decode_batch(dataset: JpegImages, data: list, index: torch.Tensor, device) -
 
     imgs = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     if dataset.train:
-        imgs = [random_resized_crop(img, dataset.size, dataset.generator(int(i))) for img, i in zip(imgs, index)]
+        imgs = [random_resized_crop(img, dataset.size, dataset.generator(int(i)))
+                for img, i in zip(imgs, index)]
     else:
         imgs = [center_crop(img, dataset.size) for img in imgs]
     return torch.stack(imgs)
@@ -477,14 +509,16 @@ def classic_imagefolder(split_dir, size: int):
     return datasets.ImageFolder(split_dir, transform=tf)
 
 
-def loader_speed(dataset, batch: int = 64, workers: int = 2, batches: int = 30, seed: int = 0) -> float:
+def loader_speed(dataset, batch: int = 64, workers: int = 2, batches: int = 30,
+                 seed: int = 0) -> float:
     """Images per second a DataLoader with ``workers`` processes delivers from ``dataset``, in a
     shuffled order, cycling through it for ``batches`` batches after a first one (not timed:
     it waits for the workers to start)."""
     import time
 
     g = torch.Generator().manual_seed(seed)
-    order = torch.cat([torch.randperm(len(dataset), generator=g) for _ in range(1 + (batches + 1) * batch // len(dataset))])
+    order = torch.cat([torch.randperm(len(dataset), generator=g)
+                       for _ in range(1 + (batches + 1) * batch // len(dataset))])
     chunks = [order[i:i + batch].tolist() for i in range(0, (batches + 1) * batch, batch)]
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=chunks, num_workers=workers,
                                          prefetch_factor=4 if workers else None)
@@ -497,18 +531,19 @@ def loader_speed(dataset, batch: int = 64, workers: int = 2, batches: int = 30, 
 
 @functools.lru_cache(maxsize=None)
 def _worker_start():
-    """DataLoader workers start from a clean server process, not as forks of the training process: a fork
-    copies a process whose other threads (gloo's, PyTorch's) may hold a lock that the child then waits on
-    forever. torch, torchvision and this module are imported once in the server, not once per worker."""
+    """DataLoader workers start from a clean server process, not as forks of the training process: a
+    fork copies a process whose other threads (gloo's, PyTorch's) may hold a lock that the child
+    then waits on forever. torch, torchvision and this module are imported once in the server, not
+    once per worker."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "torchvision", "dpcourse.images"])
     return context
 
 
 def batch_loader(dataset, batches, workers: int, decode_on: str, device, worker_init_fn=None):
-    """A DataLoader over ``batches`` (lists of indices: a rank's share, cut by its sampler), decoding in
-    ``workers`` worker processes (``decode_on="workers"``) or handing over the JPEG bytes for the device
-    to decode (``"device"``: ``to_device``)."""
+    """A DataLoader over ``batches`` (lists of indices: a rank's share, cut by its sampler),
+    decoding in ``workers`` worker processes (``decode_on="workers"``) or handing over the JPEG
+    bytes for the device to decode (``"device"``: ``to_device``)."""
     from torch.utils.data import DataLoader
 
     return DataLoader(dataset, batch_sampler=batches, num_workers=workers,

@@ -80,14 +80,16 @@ def lab(name: str, start: Path | None = None) -> Path:
     in_solutions = (top / "solutions") in (here, *here.parents)
     path = (top / "solutions" / "labs" if in_solutions else top / "labs") / name
     if not path.is_file():
-        raise CourseError(f"No lab script {path}. Run `make student` to regenerate the student copies.")
+        raise CourseError(f"No lab script {path}. "
+                          f"Run `make student` to regenerate the student copies.")
     return path
 
 
 def load_lab(name: str, start: Path | None = None):
-    """The lab script ``lab(name)`` imported as a module, as its file is saved now: a notebook reads a
-    lab's functions or its options (``load_lab("fashion_ddp").scaled_lr``). Its ``main()`` does not run
-    (it runs under ``if __name__ == "__main__"``), and each call reads the file again, so an edit shows."""
+    """The lab script ``lab(name)`` imported as a module, as its file is saved now: a notebook reads
+    a lab's functions or its options (``load_lab("fashion_ddp").scaled_lr``). Its ``main()`` does
+    not run (it runs under ``if __name__ == "__main__"``), and each call reads the file again, so an
+    edit shows."""
     path = lab(name, start)
     spec = importlib.util.spec_from_file_location(f"lab_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
@@ -95,19 +97,22 @@ def load_lab(name: str, start: Path | None = None):
     return module
 
 
-# glibc's malloc hands every block over 128 KiB to the program straight from the OS (mmap) and gives it
-# back on free (munmap), so each training step page-faults its activations in again: on this course's
-# 2-core machine a Horovod run of notebook 11's check spent 12 s of 13 in the kernel. Blocks up to 1 GiB
-# from the heap, and freed memory kept there for the next step, as the caching allocators that PyTorch's
-# performance tuning guide recommends on CPUs (jemalloc, tcmalloc) do: that run took 8.8 s instead of 13.3
-# (elapsed training 3.3 s instead of 7.8). glibc reads GLIBC_TUNABLES when a process starts; an existing
-# setting wins. https://www.gnu.org/software/libc/manual/html_node/Memory-Allocation-Tunables.html
+# glibc's malloc hands every block over 128 KiB to the program straight from the OS (mmap) and gives
+# it back on free (munmap), so each training step page-faults its activations in again: on this
+# course's 2-core machine a Horovod run of notebook 11's check spent 12 s of 13 in the kernel.
+# Blocks up to 1 GiB from the heap, and freed memory kept there for the next step, as the caching
+# allocators that PyTorch's performance tuning guide recommends on CPUs (jemalloc, tcmalloc) do:
+# that run took 8.8 s instead of 13.3 (elapsed training 3.3 s instead of 7.8). glibc reads
+# GLIBC_TUNABLES when a process starts; an existing setting wins.
+# https://www.gnu.org/software/libc/manual/html_node/Memory-Allocation-Tunables.html
 CPU_MALLOC = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
 
 
 def job_cores() -> int:
-    """The cores this process may use: its CPU affinity (in a Slurm job, what the job was given, not the node's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """The cores this process may use: its CPU affinity (in a Slurm job, what the job was given, not
+    the node's)."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1))
 
 
 def _threads_per_worker(nproc: int) -> int:
@@ -130,7 +135,8 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     # PyTorch 2.11 lacks (seen on a GPU node's 2.11: "unrecognized arguments"); 2.14 reads both.
     env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:", **(env or {})}
     shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}"]  # what a learner would type
-    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=None)
+    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks,
+                   untag=None)
 
 
 # horovodrun tags a rank's lines "[1]<stdout>:" (gloo) or "[1,1]<stderr>:" (MPI): made "[rank1]:".
@@ -145,15 +151,18 @@ def horovodrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: f
     installed (``make horovod``)."""
     exe = Path(sys.executable).with_name("horovodrun")
     if not exe.exists():
-        raise CourseError("Horovod is not installed in this environment: run `make horovod` in the course "
-                          "folder (it builds Horovod in about 3 minutes), then restart the kernel.")
+        raise CourseError("Horovod is not installed in this environment: run `make horovod` in the "
+                          "course folder (it builds Horovod in about 3 minutes), then restart the "
+                          "kernel.")
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
     # horovodrun, less its start-up probe (dpcourse/horovodrun.py): the answer is asked here, once
-    cmd = [sys.executable, "-m", "dpcourse.horovodrun", f"--{controller}", "-np", str(nproc), sys.executable]
+    cmd = [sys.executable, "-m", "dpcourse.horovodrun", f"--{controller}", "-np", str(nproc),
+           sys.executable]
     shown = ["horovodrun", f"--{controller}", "-np", str(nproc), "python"]
     built = _horovod_built()
     env = {**({"DPCOURSE_HOROVOD_BUILT": built} if built is not None else {}), **(env or {})}
-    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag=_horovod_untag)
+    return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks,
+                   untag=_horovod_untag)
 
 
 @functools.cache
@@ -164,7 +173,8 @@ def _horovod_built() -> str | None:
         import horovod.torch as hvd
     except Exception:  # noqa: BLE001 - any failure to load: leave the question to horovodrun
         return None
-    return ",".join(name for name, built in (("gloo", hvd.gloo_built), ("mpi", hvd.mpi_built)) if built())
+    return ",".join(name for name, built in (("gloo", hvd.gloo_built), ("mpi", hvd.mpi_built))
+                    if built())
 
 
 def _horovod_untag(line: str) -> str:
@@ -178,15 +188,17 @@ def python(script: str | os.PathLike, *args: str, timeout: float = 300, log_json
     returned as ``torchrun`` returns its runs, each line tagged "[rank0]:". Cheaper than
     ``torchrun(..., nproc=1)``, which starts a launcher process beside the worker."""
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
-    return _launch([sys.executable], ["python"], script, args, tmpdir, 1, timeout, log_json, env, echo,
-                   None, untag=lambda line: f"[rank0]:{line}")
+    return _launch([sys.executable], ["python"], script, args, tmpdir, 1, timeout, log_json, env,
+                   echo, None, untag=lambda line: f"[rank0]:{line}")
 
 
 _TWICE = re.compile(r"^(\[rank\d+\]:)\1")
 
 
-def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks, untag) -> Run:
-    """Run a launcher's command, stream its ranks' lines (tagged "[rankN]:"), collect rank 0's log."""
+def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks,
+            untag) -> Run:
+    """Run a launcher's command, stream its ranks' lines (tagged "[rankN]:"), collect rank 0's
+    log."""
     log_path = tmpdir / "log.jsonl"
     cmd = [*cmd, str(script), *map(str, args)]
     if log_json:
@@ -203,7 +215,8 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
     if _can_fork(cmd):
         try:
             proc = _ForkedTorchrun(cmd[3:], child_env)
-        except OSError:  # no memory to fork this process (vm.overcommit_memory=2): a new interpreter
+        except OSError:
+            # no memory to fork this process (vm.overcommit_memory=2): a new interpreter
             proc = None
     if proc is None:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -212,14 +225,16 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
     agent: list[str] = []  # the launcher's own lines: warnings and, on failure, its traceback
 
     # ranks="0": show rank 0's lines, but keep every rank's, so that a failure can be named
-    shown_tags = None if ranks is None else tuple(f"[rank{r.strip()}]:" for r in str(ranks).split(","))
+    shown_tags = None if ranks is None else tuple(f"[rank{r.strip()}]:"
+                                                  for r in str(ranks).split(","))
 
     def pump():
         for line in proc.stdout:
             line = line.rstrip("\n")
             if untag is not None:  # the launcher's own tags, made "[rankN]:"
                 line = untag(line)
-            line = _TWICE.sub(r"\1", line)  # torch's excepthook tags its lines too: one tag is enough
+            # torch's excepthook tags its lines too: one tag is enough
+            line = _TWICE.sub(r"\1", line)
             if line.startswith("[rank"):
                 lines.append(line)
                 if echo and (shown_tags is None or line.startswith(shown_tags)):
@@ -233,10 +248,11 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        raise CourseError(f"The run took longer than {timeout:.0f} s and was stopped (every rank). If it should "
-                          "have ended sooner, a rank may be waiting in a collective that another rank never "
-                          "calls (a hang: a collective under `if rank == 0:`, say); otherwise give it a larger "
-                          "timeout= or fewer --max-steps.") from None
+        raise CourseError(f"The run took longer than {timeout:.0f} s and was stopped (every "
+                          f"rank). If it should have ended sooner, a rank may be waiting in a "
+                          "collective that another rank never calls (a hang: a collective under "
+                          "`if rank == 0:`, say); otherwise give it a larger timeout= or fewer "
+                          "--max-steps.") from None
     except KeyboardInterrupt:
         _stop(proc)
         raise CourseError("Interrupted: every rank of the run was stopped.") from None
@@ -245,7 +261,8 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
         log = read_log(log_path) if log_path.exists() else []
         shutil.rmtree(tmpdir, ignore_errors=True)  # the launcher's per-rank log files and ours
     if proc.returncode != 0 and echo:
-        hidden = [line for line in lines if shown_tags is not None and not line.startswith(shown_tags)]
+        hidden = [line for line in lines
+                  if shown_tags is not None and not line.startswith(shown_tags)]
         if hidden:  # the failing rank may be one we did not show: its last lines
             print("\n".join(hidden[-6:]), flush=True)
         print(failure_summary(agent, proc.returncode, shown[0]), flush=True)
@@ -253,33 +270,38 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
 
 
 def _can_fork(cmd: list[str]) -> bool:
-    """Whether to run the torchrun agent in a fork of this process (``_ForkedTorchrun``): on Linux, where
-    this process has imported torch already (it has, having imported this module: a notebook's kernel, a
-    test, the course's command-line tools), unless DPCOURSE_FORK_LAUNCHER=0, and unless this process has
-    started CUDA (a kernel that put a tensor on a GPU, make gpu-check after naming its GPUs): CUDA does
-    not support fork after it has started, and although the agent never calls it, such a fork is not
-    worth the 2 s it saves."""
+    """Whether to run the torchrun agent in a fork of this process (``_ForkedTorchrun``): on Linux,
+    where this process has imported torch already (it has, having imported this module: a notebook's
+    kernel, a test, the course's command-line tools), unless DPCOURSE_FORK_LAUNCHER=0, and unless
+    this process has started CUDA (a kernel that put a tensor on a GPU, make gpu-check after naming
+    its GPUs): CUDA does not support fork after it has started, and although the agent never calls
+    it, such a fork is not worth the 2 s it saves."""
     torch = sys.modules.get("torch")
-    return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux") and torch is not None
-            and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0" and not torch.cuda.is_initialized())
+    return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux")
+            and torch is not None and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0"
+            and not torch.cuda.is_initialized())
 
 
 class _ForkedTorchrun:
-    """torchrun's agent (``dpcourse.torchrun``: torchrun's own ``main``) in a fork of this process, in a
-    session of its own, its output on a pipe: what ``subprocess.Popen`` of ``python -m dpcourse.torchrun``
-    gives (``pid``, ``stdout``, ``wait``, ``returncode``), without the new interpreter's import of torch,
-    which this process has done already: 2 of the 5 seconds a launch took on the course's 2-core machine.
-    The workers are new interpreters as before, started by the agent."""
+    """torchrun's agent (``dpcourse.torchrun``: torchrun's own ``main``) in a fork of this process,
+    in a session of its own, its output on a pipe: what ``subprocess.Popen`` of
+    ``python -m dpcourse.torchrun`` gives (``pid``, ``stdout``, ``wait``, ``returncode``), without
+    the new interpreter's import of torch, which this process has done already: 2 of the 5 seconds
+    a launch took on the course's 2-core machine. The workers are new interpreters as before,
+    started by the agent."""
 
     def __init__(self, args: list[str], env: dict):
         env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
         parent = os.getpid()
         read, write = os.pipe()
         stop_signals = {signal.SIGINT, signal.SIGTERM}
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # none between fork and setsid
+        # none between fork and setsid
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         try:
-            with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child
-                warnings.simplefilter("ignore", DeprecationWarning)  # only runs torchrun's main and exits
+            # Python 3.12+ warns of fork in a threaded process: the child only runs torchrun's
+            # main and exits
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
             if pid == 0:
                 self._agent(args, env, read, write, parent, old_mask)  # never returns
@@ -291,8 +313,9 @@ class _ForkedTorchrun:
 
     @staticmethod
     def _agent(args, env, read, write, parent, old_mask) -> None:
-        """The child: its own session, the pipe as stdout and stderr, nothing else of the caller's open
-        (a kernel's sockets, a pipe of another launch), gone when the caller is; then torchrun's main."""
+        """The child: its own session, the pipe as stdout and stderr, nothing else of the caller's
+        open (a kernel's sockets, a pipe of another launch), gone when the caller is; then
+        torchrun's main."""
         code = 1
         try:
             gc.freeze()  # no collection copies the caller's heap, nor finalises what it owns
@@ -301,19 +324,25 @@ class _ForkedTorchrun:
             os.dup2(write, 2)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # read, write, devnull and every other inherited one
+            # read, write, devnull and every other inherited one
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            try:  # SIGTERM when the caller dies (a kernel restarted mid-run): torchrun then stops its workers
+            # SIGTERM when the caller dies (a kernel restarted mid-run): torchrun then stops its
+            # workers
+            try:
                 import ctypes
-                ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+                # PR_SET_PDEATHSIG
+                ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
             except (OSError, AttributeError):
                 pass
             if os.getppid() != parent:
                 return
-            sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
-            sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+            sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8",
+                              errors="backslashreplace")
+            sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8",
+                              errors="backslashreplace")
             os.environ.clear()
             os.environ.update(env)
             from dpcourse.torchrun import main
@@ -359,12 +388,12 @@ def failure_summary(agent_lines: list[str], returncode: int, launcher: str = "to
     text = "\n".join(agent_lines)
     m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
     if m:
-        return (f"torchrun: rank {m.group(1)} failed first (exit code {m.group(2)}); the other ranks "
-                "were stopped. Its message is in the lines above.")
+        return (f"torchrun: rank {m.group(1)} failed first (exit code {m.group(2)}); the other "
+                "ranks were stopped. Its message is in the lines above.")
     m = re.search(r"Process (\d+) exit with status code (-?\d+)", text)  # horovodrun --gloo
     if m:
-        return (f"horovodrun: rank {m.group(1)} failed (exit code {m.group(2)}); the other ranks were "
-                "stopped. Its message is in the lines above.")
+        return (f"horovodrun: rank {m.group(1)} failed (exit code {m.group(2)}); the other ranks "
+                "were stopped. Its message is in the lines above.")
     tail = [line for line in agent_lines if line.strip()][-3:]
     return f"{launcher} exited with status {returncode}." + ("\n" + "\n".join(tail) if tail else "")
 
@@ -377,11 +406,12 @@ def _relative(path) -> str:
 
 
 STUB = "Exercise: see the hint above"  # what every exercise stub says (dpcourse.course writes them)
-# A lab, a job script or a notebook cell that met a stub says so in one of these ways: Python's traceback
-# ("NotImplementedError: Exercise: see the hint above"), dpcourse.explain's excepthook on a rank in a process
-# group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This exercise of the lab is not done
-# yet ...'), a lab's own verdict ("f: not done yet — NotImplementedError: Exercise: see the hint above"), a job
-# script's echo, or a cell's own NotImplementedError("Exercise: ...") (run_ok's below).
+# A lab, a job script or a notebook cell that met a stub says so in one of these ways: Python's
+# traceback ("NotImplementedError: Exercise: see the hint above"), dpcourse.explain's excepthook on
+# a rank in a process group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This
+# exercise of the lab is not done yet ...'), a lab's own verdict
+# ("f: not done yet — NotImplementedError: Exercise: see the hint above"), a job script's echo, or
+# a cell's own NotImplementedError("Exercise: ...") (run_ok's below).
 _NOT_DONE = re.compile(rf"{re.escape(STUB)}|NotImplementedError: Exercise:")
 
 
@@ -404,7 +434,8 @@ def run_ok(run: Run) -> Run:
         script = next((c for c in run.command if c.endswith(".py")), "the lab")
         if not_done(run.lines + run.agent_lines):
             at = [m.group(1) for line in run.lines
-                  if (m := re.search(rf'File ".*{re.escape(Path(script).name)}", line (\d+)', line))]
+                  if (m := re.search(rf'File ".*{re.escape(Path(script).name)}", line (\d+)',
+                                     line))]
             raise NotImplementedError(f"Exercise: {_relative(script)} still has an exercise to do"
                                       + (f" (line {at[-1]})" if at else "") + ". Complete it, save "
                                       "the file and run this cell again.")
@@ -420,11 +451,13 @@ _ECHOES = ("Horovod has been shut down", "lost another rank")
 
 def _cause(lines: list[str]) -> str:
     """The last error a rank printed ('[rank1]: TypeError: ...', or a C++ exception that ended it:
-    '[rank0]:  what():  [enforce fail at ...'), else its last line, for a one-line verdict. What the other
-    ranks say once one has failed (_ECHOES) is the cause only when nothing else was said."""
-    said = [line for line in lines if line.split(":", 1)[-1].strip() not in ("", "Terminated", "Killed")]
+    '[rank0]:  what():  [enforce fail at ...'), else its last line, for a one-line verdict. What the
+    other ranks say once one has failed (_ECHOES) is the cause only when nothing else was said."""
+    said = [line for line in lines
+            if line.split(":", 1)[-1].strip() not in ("", "Terminated", "Killed")]
     first_hand = [line for line in said if not any(echo in line for echo in _ECHOES)]
-    errors = [line for line in first_hand if re.match(r"\[rank\d+\]:\s*([\w.]*(Error|Exception|Exit)\w*: |what\(\): )", line)]
+    errors = [line for line in first_hand
+              if re.match(r"\[rank\d+\]:\s*([\w.]*(Error|Exception|Exit)\w*: |what\(\): )", line)]
     return (errors or first_hand or said or [""])[-1].strip()
 
 

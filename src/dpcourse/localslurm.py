@@ -1,4 +1,5 @@
-"""A real two-node Slurm cluster on this one machine: for the tests, notebook 09 and `make slurm-demo`.
+"""A real two-node Slurm cluster on this one machine: for the tests, notebook 09
+and `make slurm-demo`.
 
 munged, slurmctld and two slurmd daemons (nodes n1 and n2, 2 CPUs and 2 pretend GPUs each, both
 127.0.0.1, each on its own port) run as root with their config, state, sockets and logs in one
@@ -11,7 +12,8 @@ runs the tests, so that a job sees only what Slurm and the test give it.
 
     with start() as cluster:                       # the `slurm` fixture in tests/conftest.py
         cluster.srun("-N2", "-n2", "hostname")     # CompletedProcess, stdout+stderr in .stdout
-        job = cluster.sbatch("#!/bin/bash\nsrun hostname\n", "-N2")   # Batch(returncode, output, ...)
+        job = cluster.sbatch("#!/bin/bash\nsrun hostname\n", "-N2")
+                                                       # Batch(returncode, output, ...)
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def unavailable() -> str | None:
         return "the local Slurm cluster runs its daemons as root"
     missing = [d for d in (*DAEMONS, "srun", "sbatch", "sinfo") if shutil.which(d) is None
                and not Path("/usr/sbin", d).exists()]
-    return f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge)" if missing else None
+    return (f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge)"
+            if missing else None)
 
 
 def _exe(name: str) -> str:
@@ -89,8 +92,9 @@ def _resolve_nodes() -> None:
     if all(map(_loopback, NODES)):
         return
     line = f"127.0.0.1 {' '.join(NODES)}  # dpcourse test Slurm cluster"
-    print(f"{' and '.join(NODES)} must name this machine: adding to /etc/hosts (it stays; delete it when you no "
-          f"longer need the local cluster):  {line}", file=sys.stderr, flush=True)
+    print(f"{' and '.join(NODES)} must name this machine: adding to /etc/hosts (it stays; "
+          f"delete it when you no longer need the local cluster):  {line}",
+          file=sys.stderr, flush=True)
     with open("/etc/hosts", "a") as hosts:
         hosts.write(line + "\n")
     if not all(map(_loopback, NODES)):
@@ -105,29 +109,32 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 class SlurmTimeout(TimeoutError):
-    """A Slurm client command (sbatch, squeue, srun) did not answer in time: nothing was cancelled."""
+    """A Slurm client command (sbatch, squeue, srun) did not answer in time:
+    nothing was cancelled."""
 
 
 class Cluster:
     """The course's own two-node cluster, started by ``start()``: everything on it is ours."""
 
-    poll_s = 0.5  # between two squeue/scontrol calls that wait for a job: this cluster is ours alone
+    # between two squeue/scontrol calls that wait for a job: this cluster is ours alone
+    poll_s = 0.5
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.conf = tmp / "slurm.conf"
-        # Merged into a subprocess environment. TMPDIR: the jobs' "node-local disk" (env.sh stages the
-        # data there) lies in the cluster's folder, and goes when the cluster stops.
+        # Merged into a subprocess environment. TMPDIR: the jobs' "node-local disk" (env.sh stages
+        # the data there) lies in the cluster's folder, and goes when the cluster stops.
         self.env = {"SLURM_CONF": str(self.conf), "TMPDIR": str(tmp / "node-tmp")}
         self.python = sys.executable  # the venv python: jobs import dpcourse from it
 
     def run(self, cmd: list[str], timeout: float = 60, env: dict | None = None,
             input: str | None = None) -> subprocess.CompletedProcess:
         """Run ``cmd`` in the repo root against this cluster; stdout and stderr merged, as text.
-        A job that ``sbatch`` submits is recorded (``submitted``): the only jobs ``cancel_submitted``
-        ever cancels."""
+        A job that ``sbatch`` submits is recorded (``submitted``): the only jobs
+        ``cancel_submitted`` ever cancels."""
         try:
-            done = subprocess.run(cmd, cwd=ROOT, env=clean_env(**{**self.env, **(env or {})}),  # the caller's win
+            done = subprocess.run(cmd, cwd=ROOT,
+                                  env=clean_env(**{**self.env, **(env or {})}),  # the caller's win
                                   input=input, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -138,24 +145,27 @@ class Cluster:
         return done
 
     def timed_out(self, cmd: list[str], timeout: float) -> None:
-        """A client command hung. On the course's own cluster, whatever it left behind is ours: end it
-        (a killed srun/sbatch leaves its job running, and the next test needs the nodes)."""
+        """A client command hung. On the course's own cluster, whatever it left behind is ours: end
+        it (a killed srun/sbatch leaves its job running, and the next test needs the nodes)."""
         self.cancel_all()
 
-    # ------------------------------------------------------------ the jobs this object submitted
+    # ----------------------------------------------------------- the jobs this object submitted
     @property
     def _ledger(self) -> Path:
-        return self.tmp / ".dpcourse-submitted"  # the id of each job sbatch submitted, one per line
+        # the id of each job sbatch submitted, one per line
+        return self.tmp / ".dpcourse-submitted"
 
     def _record(self, sbatch_out: str, cmd: list[str]) -> None:
-        m = re.search(r"Submitted batch job (\d+)", sbatch_out) or re.match(r"\s*(\d+)(;\S+)?\s*$", sbatch_out)
+        m = (re.search(r"Submitted batch job (\d+)", sbatch_out)
+             or re.match(r"\s*(\d+)(;\S+)?\s*$", sbatch_out))
         if m:
             self._ledger.parent.mkdir(parents=True, exist_ok=True)
             with open(self._ledger, "a") as f:
                 f.write(m.group(1) + "\n")
 
     def submitted(self) -> list[str]:
-        """The ids of the jobs this cluster object submitted (kept in its folder, across kernels)."""
+        """The ids of the jobs this cluster object submitted
+        (kept in its folder, across kernels)."""
         return self._ledger.read_text().split() if self._ledger.exists() else []
 
     def cancel_submitted(self, name: str | None = None, timeout: float = 30) -> list[str]:
@@ -165,10 +175,13 @@ class Cluster:
         def alive() -> list[str]:
             if not (ids := self.submitted()):
                 return []
-            # This user's jobs, then ours among them (squeue --jobs fails outright on a job that has left)
-            shown = self.run(["squeue", "--noheader", "--format=%i %j", f"--user={os.getuid()}"], timeout=timeout)
+            # This user's jobs, then ours among them
+            # (squeue --jobs fails outright on a job that has left)
+            shown = self.run(["squeue", "--noheader", "--format=%i %j", f"--user={os.getuid()}"],
+                             timeout=timeout)
             rows = [line.split(maxsplit=1) for line in shown.stdout.splitlines()]
-            return [row[0] for row in rows if len(row) == 2 and row[0] in ids and name in (None, row[1])]
+            return [row[0] for row in rows
+                    if len(row) == 2 and row[0] in ids and name in (None, row[1])]
 
         ours = alive()
         if ours:
@@ -176,8 +189,8 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while alive():
             if time.monotonic() > deadline:
-                raise SlurmTimeout(f"job(s) {', '.join(ours)} still in the queue {timeout:.0f} s after scancel: "
-                                   "look with  squeue --me")
+                raise SlurmTimeout(f"job(s) {', '.join(ours)} still in the queue {timeout:.0f} s "
+                                   "after scancel: look with  squeue --me")
             time.sleep(self.poll_s)
         return ours
 
@@ -198,18 +211,22 @@ class Cluster:
         return Batch(done.returncode, self.output(job_id) if m else "", job_id, done.stdout)
 
     def wait(self, job_id: int, timeout: float = 60) -> tuple[str, str]:
-        """Wait until slurmctld says job ``job_id`` has ended; its (state, exit code), e.g. ("COMPLETED", "0:0").
+        """Wait until slurmctld says job ``job_id`` has ended; its (state, exit code), e.g.
+        ("COMPLETED", "0:0").
         ``sbatch --wait`` may return at a requeue (it polls, and can see the first run end):
         this asks for the job's last state instead."""
         deadline = time.monotonic() + timeout
         while True:
-            shown = self.run(["scontrol", "show", "job", "--oneliner", str(job_id)], timeout=10).stdout
+            shown = self.run(["scontrol", "show", "job", "--oneliner", str(job_id)],
+                             timeout=10).stdout
             state = re.search(r"JobState=(\S+)", shown)
             code = re.search(r" ExitCode=(\S+)", shown)
-            if state and state.group(1) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            if state and state.group(1) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                            "NODE_FAIL", "OUT_OF_MEMORY"):
                 return state.group(1), code.group(1) if code else "?"
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} has not ended after {timeout:.0f} s: {shown.strip()}")
+                raise TimeoutError(f"job {job_id} has not ended after {timeout:.0f} s: "
+                                   f"{shown.strip()}")
             time.sleep(self.poll_s)
 
     def output(self, job_id: int) -> str:
@@ -218,20 +235,22 @@ class Cluster:
         return path.read_text() if path.exists() else ""
 
     def cancel_all(self) -> None:
-        """Every job on the course's own cluster (SLURM_CONF points at it, nothing else runs there)."""
+        """Every job on the course's own cluster
+        (SLURM_CONF points at it, nothing else runs there)."""
         subprocess.run(["scancel", f"--user={os.getuid()}"], env=clean_env(**self.env),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
 
     def settle(self, timeout: float = 60) -> None:
         """End whatever is still on the course's own cluster and wait until its queue is empty and
-        every node idle, so that the next job starts at once instead of queueing behind a left-over one
-        (a cancelled JupyterLab, a sleeper). Raises SlurmTimeout, naming what is left."""
+        every node idle, so that the next job starts at once instead of queueing behind a left-over
+        one (a cancelled JupyterLab, a sleeper). Raises SlurmTimeout, naming what is left."""
         self.cancel_all()
         deadline = time.monotonic() + timeout
         queue, states = "?", {}
         while True:
             try:
-                queue = self.run(["squeue", "--noheader", "--format=%i %j %T"], timeout=10).stdout.strip()
+                queue = self.run(["squeue", "--noheader", "--format=%i %j %T"],
+                                 timeout=10).stdout.strip()
                 states = self.node_states()
             except subprocess.TimeoutExpired:  # a busy slurmctld: ask again
                 queue, states = "?", {}
@@ -239,13 +258,14 @@ class Cluster:
             if not queue and all(states.get(n, "").rstrip("*~#!%$@^-") == "idle" for n in NODES):
                 return
             if time.monotonic() > deadline:
-                raise SlurmTimeout(f"the test cluster did not settle within {timeout:g} s: queue {queue or 'empty'}, "
-                                   f"nodes {states}\n{self.logs()}")
+                raise SlurmTimeout(f"the test cluster did not settle within {timeout:g} s: "
+                                   f"queue {queue or 'empty'}, nodes {states}\n{self.logs()}")
             time.sleep(0.2)
 
     def logs(self) -> str:
         """The tail of every daemon's log, for a failure message."""
-        return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+        return "\n".join(f"--- {p.name}\n"
+                         + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
                          for p in sorted(self.tmp.glob("*.log")))
 
     def node_states(self) -> dict[str, str]:
@@ -254,9 +274,10 @@ class Cluster:
 
 
 def _write_config(tmp: Path, ctld_port: int, node_ports: list[int]) -> None:
-    host = socket.gethostname().split(".")[0]  # slurmctld only starts on the host SlurmctldHost names
-    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS} Gres=gpu:{GPUS} State=UNKNOWN"
-                      for n, p in zip(NODES, node_ports))
+    # slurmctld only starts on the host SlurmctldHost names
+    host = socket.gethostname().split(".")[0]
+    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS} "
+                      f"Gres=gpu:{GPUS} State=UNKNOWN" for n, p in zip(NODES, node_ports))
     # Pretend GPUs: slurmd wants a character device per GPU. These are /dev/null's (1, 3): nothing
     # uses them, and they point at no real GPU even on a machine that has some. Given devices, Slurm
     # sets CUDA_VISIBLE_DEVICES for each task as on a real GPU node (--gpus-per-task, --gpu-bind).
@@ -336,7 +357,8 @@ def start(timeout: float = 30):
 
         def daemon(name: str, *args: str) -> None:
             # In the foreground (-F/-D), so that we own its pid; it logs to stderr, to NAME.log.
-            # A session of its own: Ctrl-C on pytest reaches pytest, whose teardown stops the daemons.
+            # A session of its own: Ctrl-C on pytest reaches pytest,
+            # whose teardown stops the daemons.
             with open(tmp / f"{name}{'-' + args[-1] if name == 'slurmd' else ''}.log", "w") as log:
                 procs.append(subprocess.Popen([_exe(name), *args], env=clean_env(**cluster.env),
                                               cwd=tmp, stdout=log, stderr=subprocess.STDOUT,
@@ -345,7 +367,8 @@ def start(timeout: float = 30):
         daemon("munged", "-F", "--force", f"--key-file={key}", f"--socket={tmp}/munge.socket",
                f"--pid-file={tmp}/munged.pid", "--log-file=/dev/null",
                f"--seed-file={tmp}/munged.seed")
-        _wait(lambda: (tmp / "munge.socket").exists(), 10, "munged did not create its socket", cluster)
+        _wait(lambda: (tmp / "munge.socket").exists(), 10,
+              "munged did not create its socket", cluster)
         daemon("slurmctld", "-D", "-i")  # -i: ignore state from an earlier run (there is none)
         for node in NODES:
             daemon("slurmd", "-D", "-N", node)
@@ -371,9 +394,11 @@ def start(timeout: float = 30):
 
 def _keep_up(cluster: Cluster) -> int:
     """Say how to reach the cluster from another shell, then wait for Ctrl-C or SIGTERM."""
-    shrink = f"{' '.join(FIT)} slurm/multi_node.sbatch --max-steps 20 --eval-every 10 {' '.join(ON_THE_CPU)}"
+    shrink = (f"{' '.join(FIT)} slurm/multi_node.sbatch --max-steps 20 --eval-every 10 "
+              f"{' '.join(ON_THE_CPU)}")
     print(f"""
-The cluster stays up until you press Ctrl-C here (or: kill {os.getpid()}). In another shell, in {ROOT} (as root):
+The cluster stays up until you press Ctrl-C here (or: kill {os.getpid()}). In another shell, \
+in {ROOT} (as root):
 
     export SLURM_CONF={cluster.conf}
     sinfo
@@ -383,10 +408,13 @@ The cluster stays up until you press Ctrl-C here (or: kill {os.getpid()}). In an
     tail -f dpcourse-nodes-<job id>.out
     sbatch --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 slurm/doctor.sbatch
 
-Its nodes (n1, n2) have {CPUS} CPUs and {GPUS} pretend GPUs each, and the templates ask for a real node's:
+Its nodes (n1, n2) have {CPUS} CPUs and {GPUS} pretend GPUs each, and the templates ask for a \
+real node's:
 shrink a job to them with {' '.join(FIT)}, and end the lab's options with {' '.join(ON_THE_CPU)}
-(torch finds no GPU behind the pretend ones); the doctor, which runs a task per GPU, takes 2 tasks per node and
-no GPUs. Jobs write their logs (%x-%j.out) and runs/ in this folder; there is no accounting (sacct).""",
+(torch finds no GPU behind the pretend ones); the doctor, which runs a task per GPU, takes 2 tasks \
+per node and
+no GPUs. Jobs write their logs (%x-%j.out) and runs/ in this folder; there is no accounting \
+(sacct).""",
           flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
     try:
@@ -433,16 +461,17 @@ class Existing(Cluster):
     def timed_out(self, cmd: list[str], timeout: float) -> None:
         """A busy controller, on a cluster shared with others: cancel nothing, say what happened."""
         raise SlurmTimeout(
-            f"`{' '.join(map(str, cmd[:2]))} …` got no answer from Slurm within {timeout:.0f} s (a busy "
-            "controller); nothing was cancelled. Look at your jobs with  squeue --me  and cancel one "
-            "you do not want with  scancel JOBID")
+            f"`{' '.join(map(str, cmd[:2]))} …` got no answer from Slurm within {timeout:.0f} s "
+            "(a busy controller); nothing was cancelled. Look at your jobs with  squeue --me  and "
+            "cancel one you do not want with  scancel JOBID")
 
     def cancel_all(self) -> None:
         """On a real cluster, only the jobs this notebook submitted: never the learner's others."""
         self.cancel_submitted()
 
 
-_NOTEBOOK_STOP = []  # the stop() of the cluster for_notebook started last in this process (a kernel)
+# the stop() of the cluster for_notebook started last in this process (a kernel)
+_NOTEBOOK_STOP = []
 
 
 def for_notebook(out: Path, timeout: float = 30):
@@ -456,12 +485,14 @@ def for_notebook(out: Path, timeout: float = 30):
         _NOTEBOOK_STOP.append(stop)
         return cluster, "the course's two-node Slurm on this machine (nodes n1, n2)", stop
     if shutil.which("sinfo"):
-        probe = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True,
+                               text=True, timeout=30)
         if probe.returncode == 0 and probe.stdout.strip():
             out.mkdir(parents=True, exist_ok=True)
-            return Existing(out), "this machine's own Slurm (partitions: " + ", ".join(probe.stdout.split()) + ")", \
-                lambda: None
-        why = "sinfo does not answer here: " + (probe.stderr.strip().splitlines() or ["no Slurm"])[-1]
+            return (Existing(out), "this machine's own Slurm (partitions: "
+                    + ", ".join(probe.stdout.split()) + ")", lambda: None)
+        why = ("sinfo does not answer here: "
+               + (probe.stderr.strip().splitlines() or ["no Slurm"])[-1])
     return None, why, lambda: None
 
 
@@ -486,7 +517,8 @@ def demo(lab_args=(), save: Path | None = None, keep: bool = False) -> int:
         print(f"The local Slurm cluster cannot start here: {why}.")
         return 1
     template = ROOT / "slurm" / "multi_node.sbatch"
-    args = [*(list(lab_args) or ["--max-steps", "60", "--eval-every", "20", "--global-batch-size", "64"]), *ON_THE_CPU]
+    args = [*(list(lab_args) or ["--max-steps", "60", "--eval-every", "20",
+                                 "--global-batch-size", "64"]), *ON_THE_CPU]
     t0 = time.monotonic()
     with start() as cluster:
         print(f"two-node Slurm up in {time.monotonic() - t0:.1f} s (config in {cluster.tmp}):")
@@ -509,7 +541,8 @@ def _demo_job(cluster: Cluster, template: Path, args: list, save: Path | None) -
         save.mkdir(parents=True, exist_ok=True)
         (save / "job.out").write_text(job.output.replace(str(cluster.tmp), "$TMP"))
         shutil.copy(runs / "log.jsonl", save / "log.jsonl")
-        (save / "command.txt").write_text(f"sbatch {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}\n"
-                                          "(made by: sudo .venv/bin/python -m dpcourse.slurm demo --save DIR)\n")
+        (save / "command.txt").write_text(
+            f"sbatch {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}\n"
+            "(made by: sudo .venv/bin/python -m dpcourse.slurm demo --save DIR)\n")
         print(f"saved the job's output and rank 0's log in {save}")
     return job.returncode

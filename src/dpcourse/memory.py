@@ -1,6 +1,7 @@
 """Memory arithmetic of data parallelism: what each worker holds, and what it sends, per step.
 
-Training with Adam keeps, for every one of the model's Ψ parameters (Rajbhandari et al., *ZeRO*, 2020):
+Training with Adam keeps, for every one of the model's Ψ parameters (Rajbhandari et al.,
+*ZeRO*, 2020):
 
     fp32      weights 4 B + gradients 4 B + Adam's two moments 8 B                    = 16 B
     mixed     weights 2 B + gradients 2 B (fp16/bf16) + the fp32 master weights and
@@ -29,7 +30,8 @@ STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 # bytes per parameter: (weights, gradients, optimizer state)
 BYTES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
 # Ψ: the parameters of the models of the lectures
-MODELS = {"ResNet-50": 25.6e6, "ViT-L/16": 304e6, "GPT-2 XL": 1.5e9, "LLaMA 7B": 6.7e9, "GPT-3": 175e9}
+MODELS = {"ResNet-50": 25.6e6, "ViT-L/16": 304e6, "GPT-2 XL": 1.5e9, "LLaMA 7B": 6.7e9,
+          "GPT-3": 175e9}
 GPUS = {"V100 16 GB": 16e9, "V100 32 GB": 32e9, "A100 40 GB": 40e9, "A100 80 GB": 80e9,
         "H100 80 GB": 80e9, "H200 141 GB": 141e9}
 
@@ -44,7 +46,8 @@ def _check(world_size: int, stage: int, precision: str):
 
 
 def per_worker(params: float, world_size: int, stage: int, precision: str = "fp32") -> dict:
-    """Bytes of model state one worker holds: ``weights``, ``grads``, ``optimizer`` and ``total``."""
+    """Bytes of model state one worker holds: ``weights``, ``grads``, ``optimizer`` and
+    ``total``."""
     _check(world_size, stage, precision)
     w, g, o = (b * params for b in BYTES[precision])
     P = world_size
@@ -65,13 +68,15 @@ def comm_per_step(params: float, world_size: int, stage: int, precision: str = "
 
 def fits(params: float, world_size: int, stage: int, gpu_bytes: float, precision: str = "fp32",
          headroom: float = 0.8) -> bool:
-    """Whether the model states fit in ``headroom`` of a GPU (the rest for activations and buffers)."""
+    """Whether the model states fit in ``headroom`` of a GPU (the rest for activations and
+    buffers)."""
     return per_worker(params, world_size, stage, precision)["total"] <= headroom * gpu_bytes
 
 
 def min_world_size(params: float, stage: int, gpu_bytes: float, precision: str = "fp32",
                    headroom: float = 0.8, limit: int = 1 << 20) -> int | None:
-    """The fewest workers (a power of 2) on which the model states fit; None if none up to ``limit``."""
+    """The fewest workers (a power of 2) on which the model states fit; None if none up to
+    ``limit``."""
     P = 1
     while P <= limit:
         if fits(params, P, stage, gpu_bytes, precision, headroom):
@@ -89,13 +94,16 @@ def human(nbytes: float) -> str:
 
 
 def explain(params: float, world_size: int, gpu: str, precision: str = "fp32") -> list[str]:
-    """One line per stage: what a worker holds, whether it fits the GPU, and the traffic per step."""
+    """One line per stage: what a worker holds, whether it fits the GPU, and the traffic per
+    step."""
     lines = []
     for stage in STAGES:
         held = per_worker(params, world_size, stage, precision)
         ok = fits(params, world_size, stage, GPUS[gpu], precision)
         need = min_world_size(params, stage, GPUS[gpu], precision)
-        where = "fits" if ok else ("does not fit" + (f": needs {need} workers" if need else ": never"))
+        where = "fits" if ok else ("does not fit"
+                                   + (f": needs {need} workers" if need else ": never"))
         lines.append(f"{STAGE_NAMES[stage]:<14} {human(held['total']):>9} per worker  "
-                     f"{'✓' if ok else '✗'} {where:<28} sends {human(comm_per_step(params, world_size, stage, precision))}/step")
+                     f"{'✓' if ok else '✗'} {where:<28} "
+                     f"sends {human(comm_per_step(params, world_size, stage, precision))}/step")
     return lines

@@ -68,19 +68,21 @@ class StepTimer:
     in groups of more than one rank. DDP's built-in all-reduce runs in C++ and is not seen: time a
     run with a registered hook (``default_hooks.allreduce_hook`` does what the built-in does).
 
-    The counting wraps those ``torch.distributed`` functions from ``start()`` to ``stop()`` only, and
-    puts torch's own back after each step; ``close()`` (or leaving a ``with StepTimer(...)`` block)
-    puts them back if a step was left open. Nothing outside a timed step is wrapped.
+    The counting wraps those ``torch.distributed`` functions from ``start()`` to ``stop()`` only,
+    and puts torch's own back after each step; ``close()`` (or leaving a ``with StepTimer(...)``
+    block) puts them back if a step was left open. Nothing outside a timed step is wrapped.
 
     Disabled (``enabled=False``), every method returns at once: the lab keeps its lines either way.
     On a GPU, each lap synchronises the device so that the times are true, which costs a little.
     """
 
-    COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
+    COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter_tensor")
 
     def __init__(self, device, enabled: bool = True):
         self.enabled = enabled
-        self.sync = torch.cuda.synchronize if getattr(device, "type", device) == "cuda" else (lambda: None)
+        self.sync = (torch.cuda.synchronize if getattr(device, "type", device) == "cuda"
+                     else (lambda: None))
         self._reset()
         self.open = False
         self._torch_own = None  # torch.distributed's collectives while ours count them
@@ -177,13 +179,14 @@ class StepTimer:
 
 
 def trace_profiler(path, wait: int = 5, active: int = 3):
-    """torch.profiler over ``active`` steps after ``wait``, saved as a Chrome trace at ``path`` (open it
-    at https://ui.perfetto.dev or chrome://tracing); None without a path. Call ``step()`` after each
-    training step and ``stop()`` at the end."""
+    """torch.profiler over ``active`` steps after ``wait``, saved as a Chrome trace at ``path``
+    (open it at https://ui.perfetto.dev or chrome://tracing); None without a path. Call ``step()``
+    after each training step and ``stop()`` at the end."""
     if not path:
         return None
-    prof = torch.profiler.profile(schedule=torch.profiler.schedule(wait=wait, warmup=1, active=active, repeat=1),
-                                  on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+    prof = torch.profiler.profile(
+        schedule=torch.profiler.schedule(wait=wait, warmup=1, active=active, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
     prof.start()
     return prof
 
@@ -195,7 +198,8 @@ PEAK_TFLOPS = {"H200": 989, "H100 SXM": 989, "H100 80GB HBM3": 989, "H100 PCIe":
 
 
 def peak_tflops(device, given: float | None = None) -> float | None:
-    """This GPU's dense tensor-core peak (``given``, else the table above); None on a CPU or an unknown GPU."""
+    """This GPU's dense tensor-core peak (``given``, else the table above); None on a CPU or an
+    unknown GPU."""
     if given or torch.device(device).type != "cuda":
         return given
     name = torch.cuda.get_device_name(device)
@@ -203,7 +207,8 @@ def peak_tflops(device, given: float | None = None) -> float | None:
 
 
 def train_flops(model: torch.nn.Module, image_size: int) -> int:
-    """FLOPs of one image's forward and backward, counted on a shape-only ("meta") copy of ``model``."""
+    """FLOPs of one image's forward and backward, counted on a shape-only ("meta") copy of
+    ``model``."""
     from copy import deepcopy
 
     from torch.utils.flop_counter import FlopCounterMode

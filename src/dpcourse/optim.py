@@ -16,15 +16,16 @@ import math
 
 import torch
 
-REFERENCE_BATCH = 128  # the FashionMNIST labs: --lr is the learning rate tuned for this global batch (notebook 08)
+# the FashionMNIST labs: --lr is the learning rate tuned for this global batch (notebook 08)
+REFERENCE_BATCH = 128
 
 
 def warmup_then_decay(total: int, warmup: int, decay: str = "linear"):
-    """The labs' schedule, as ``LambdaLR``'s factor of the peak rate at each step (counted from 0): a
-    linear climb over the first ``warmup`` steps (the peak at step ``warmup - 1``; Goyal et al., 2017),
-    then a linear or cosine decay to 0 at step ``total``. A warm-up as long as the run or longer climbs
-    all the run and never decays (the peak at the last step only if they are equal); after the last
-    step, 0. No division by zero, whatever the two numbers."""
+    """The labs' schedule, as ``LambdaLR``'s factor of the peak rate at each step (counted from 0):
+    a linear climb over the first ``warmup`` steps (the peak at step ``warmup - 1``; Goyal et al.,
+    2017), then a linear or cosine decay to 0 at step ``total``. A warm-up as long as the run or
+    longer climbs all the run and never decays (the peak at the last step only if they are equal);
+    after the last step, 0. No division by zero, whatever the two numbers."""
     if decay not in ("linear", "cosine"):
         raise ValueError(f"decay must be 'linear' or 'cosine', not {decay!r}")
     total, warmup = max(1, total), max(0, warmup)
@@ -59,7 +60,8 @@ class LARS(torch.optim.Optimizer):
                 if p.ndim > 1:  # weights of conv and linear layers: decay and adapt
                     w_norm, g_norm = p.norm(), g.norm()
                     trust = group["eta"] * w_norm / (g_norm + group["weight_decay"] * w_norm)
-                    trust = torch.where((w_norm > 0) & (g_norm > 0), trust, 1.0)  # fresh or dead layer
+                    # fresh or dead layer
+                    trust = torch.where((w_norm > 0) & (g_norm > 0), trust, 1.0)
                     g = g.add(p, alpha=group["weight_decay"]).mul_(trust)
                 buf = self.state[p].setdefault("momentum", torch.zeros_like(p))
                 buf.mul_(group["momentum"]).add_(g)
@@ -67,11 +69,13 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def optimizer_by_name(name: str, params, lr: float, weight_decay: float, lars_eta: float = 0.001) -> torch.optim.Optimizer:
+def optimizer_by_name(name: str, params, lr: float, weight_decay: float,
+                      lars_eta: float = 0.001) -> torch.optim.Optimizer:
     """The FashionMNIST labs' --optimizer: ``sgd`` (Nesterov momentum 0.9), ``adamw``, or ``lars``
     (a rate per layer, for very large batches; notebook 08)."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True,
+                               weight_decay=weight_decay)
     if name == "lars":
         return LARS(params, lr=lr, momentum=0.9, weight_decay=weight_decay, eta=lars_eta)
     if name == "adamw":

@@ -46,20 +46,23 @@ def scaling(rows: list[dict], ax=None):
         if not series:
             continue
         k = [r["workers"] for r in series]
-        batch = f"global batch {series[0]['global_batch']}" if mode == "strong" else f"{series[0]['batch_size']} per worker"
+        batch = (f"global batch {series[0]['global_batch']}" if mode == "strong"
+                 else f"{series[0]['batch_size']} per worker")
         for a, key in zip(axes, ("samples_per_s", "speedup", "efficiency")):
             y = [r[key] for r in series]
             if None in y:  # no K=1 run: no speedup or efficiency
                 continue
             a.plot(k, y, color=COLORS[mode], label=f"{mode} ({batch})")
             for r, v in zip(series, y):
-                a.plot(r["workers"], v, "o", color=COLORS[mode], mfc="none" if r["oversubscribed"] else COLORS[mode])
+                a.plot(r["workers"], v, "o", color=COLORS[mode],
+                       mfc="none" if r["oversubscribed"] else COLORS[mode])
         t1 = next((r["samples_per_s"] for r in series if r["workers"] == 1), None)
         if t1:
             axes[0].plot(ks, [k_ * t1 for k_ in ks], "--", color=COLORS[mode], alpha=0.5, lw=1)
     axes[1].plot(ks, ks, "k--", lw=1)
     axes[2].axhline(1.0, color="k", ls="--", lw=1)
-    titles = ("throughput (samples/s, all workers)", "speedup  T(K) / T(1)", "efficiency  T(K) / (K · T(1))")
+    titles = ("throughput (samples/s, all workers)", "speedup  T(K) / T(1)",
+              "efficiency  T(K) / (K · T(1))")
     for a, title in zip(axes, titles):
         a.set(xlabel="workers K", title=title, xticks=ks)
         a.grid(alpha=0.3)
@@ -111,7 +114,8 @@ def stacked_split(rows: dict, ax=None):
     left = [0.0] * len(labels)
     for i, phase in enumerate(phases):
         widths = [rows[label].get(phase, 0.0) for label in labels]
-        ax.barh(labels, widths, left=left, color=f"C{PHASES.index(phase) if phase in PHASES else i}", label=phase)
+        ax.barh(labels, widths, left=left,
+                color=f"C{PHASES.index(phase) if phase in PHASES else i}", label=phase)
         left = [a + b for a, b in zip(left, widths)]
     for y, (label, total) in enumerate(zip(labels, left)):
         share = rows[label].get("allreduce", 0.0) / total if total else 0.0
@@ -119,7 +123,8 @@ def stacked_split(rows: dict, ax=None):
     ax.margins(x=0.18)
     ax.invert_yaxis()
     ax.set(xlabel="ms per step")
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside the bars: never on a label
+    # beside the bars: never on a label
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     return fig
 
 

@@ -2,9 +2,9 @@
 
 On Slurm, `#SBATCH --signal=B:USR1@120` has Slurm send SIGUSR1 to the batch shell 120 s before the
 job's --time. The templates' shell (slurm/env.sh, ``run_training``) then has Slurm send SIGTERM to
-every task of the training step (`scancel --signal=TERM JOB.STEP`), and a torchrun passes it on to its
-workers. Outside Slurm, or under torchrun alone, a plain SIGTERM stops a run the same way. Under srun
-it does not: srun passes its own SIGTERM on to the tasks as SIGKILL.
+every task of the training step (`scancel --signal=TERM JOB.STEP`), and a torchrun passes it on to
+its workers. Outside Slurm, or under torchrun alone, a plain SIGTERM stops a run the same way. Under
+srun it does not: srun passes its own SIGTERM on to the tasks as SIGKILL.
 
 A handler may run at any point of a step, and each rank gets the signal at its own moment. So the
 handler only notes it; the lab asks at the end of each step whether any rank has one (one
@@ -26,9 +26,9 @@ SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 class Caught:
-    """The first of ``SIGNALS`` this process received: ``number`` (0 if none) and ``signal`` (its name,
-    e.g. 'SIGUSR1', or None). A lab sets ``number`` to what the ranks agreed on, so that rank 0 can
-    name a signal that only another rank received."""
+    """The first of ``SIGNALS`` this process received: ``number`` (0 if none) and ``signal`` (its
+    name, e.g. 'SIGUSR1', or None). A lab sets ``number`` to what the ranks agreed on, so that
+    rank 0 can name a signal that only another rank received."""
 
     def __init__(self) -> None:
         self.number = 0
@@ -38,9 +38,9 @@ class Caught:
         return signal.Signals(self.number).name if self.number else None
 
     def _note(self, signum, frame) -> None:
-        # The first one counts. A second (Slurm signals a torchrun's workers, and the torchrun passes its
-        # own on) changes nothing: the run still stops after this step. What ends a hung rank is the
-        # SIGKILL that Slurm and torchrun send when their grace period is over.
+        # The first one counts. A second (Slurm signals a torchrun's workers, and the torchrun
+        # passes its own on) changes nothing: the run still stops after this step. What ends a hung
+        # rank is the SIGKILL that Slurm and torchrun send when their grace period is over.
         self.number = self.number or signum
 
     def __repr__(self) -> str:
@@ -48,7 +48,8 @@ class Caught:
 
 
 def catch(signals=SIGNALS) -> Caught:
-    """Note SIGUSR1 and SIGTERM instead of dying at once; returns what ``Caught.signal`` will say."""
+    """Note SIGUSR1 and SIGTERM instead of dying at once; returns what
+    ``Caught.signal`` will say."""
     caught = Caught()
     for sig in signals:
         signal.signal(sig, caught._note)
@@ -64,7 +65,8 @@ def ignore_in_worker(worker_id: int = 0) -> None:
 
 def stopped_message(caught: Caught, step: int, saved: str | None) -> str:
     """Rank 0's one line when a signal stopped the run."""
-    why = {"SIGUSR1": "the job's time-limit warning (SIGUSR1)", "SIGTERM": "SIGTERM (time limit, scancel or preemption)"}
+    why = {"SIGUSR1": "the job's time-limit warning (SIGUSR1)",
+           "SIGTERM": "SIGTERM (time limit, scancel or preemption)"}
     where = (f"checkpoint of step {step} in {saved}: --resume auto goes on from there" if saved
              else "nothing was saved (no --checkpoint-dir): a new run starts from step 0")
     return f"stopped after step {step} by {why.get(caught.signal, caught.signal)}; {where}"

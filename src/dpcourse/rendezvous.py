@@ -64,29 +64,32 @@ def ranks_text(ranks: list[int]) -> str:
 def port_in_use(addr: str, port: int) -> str:
     return (f"Port {port} on {addr} is already in use (another job, or a run that has not ended). "
             "Set MASTER_PORT to a free port, e.g. export MASTER_PORT=$(python -c 'from "
-            "dpcourse.rendezvous import free_port; print(free_port())'), or use torchrun --standalone, "
-            "which picks one.")
+            "dpcourse.rendezvous import free_port; print(free_port())'), or use torchrun "
+            "--standalone, which picks one.")
 
 def wait_until_listening(addr: str, port: int, timeout_s: float) -> None:
-    """Return once something accepts connections at addr:port; raise TimeoutError after timeout_s."""
+    """Return once something accepts connections at addr:port; raise TimeoutError after
+    timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            socket.create_connection((addr, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            socket.create_connection(
+                (addr, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
             return
         except OSError:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"nothing listens at {addr}:{port}") from None
             time.sleep(0.2)
 
-BY_HAND = ("RANK and WORLD_SIZE are set, as torchrun sets them, but MASTER_ADDR or MASTER_PORT is not. Start "
-            "the program with torchrun (it sets all four), or export MASTER_ADDR=<rank 0's host> and "
-            "MASTER_PORT=<a free port> for every rank; if RANK and WORLD_SIZE are left over in this shell, "
-            "unset them.")
+BY_HAND = ("RANK and WORLD_SIZE are set, as torchrun sets them, but MASTER_ADDR or MASTER_PORT is "
+           "not. Start the program with torchrun (it sets all four), or export "
+           "MASTER_ADDR=<rank 0's host> and MASTER_PORT=<a free port> for every rank; if RANK and "
+           "WORLD_SIZE are left over in this shell, unset them.")
 
 ROLL_CALL: list = []
 
-SCONTROL = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'  # rank 0's store: init_process_group's env:// rendezvous serves on it too
+# rank 0's store: init_process_group's env:// rendezvous serves on it too
+SCONTROL = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 
 def roll_call(info: DistEnv, addr: str, port: int, timeout_s: float) -> None:
     """Every rank reports to rank 0 before ``init_process_group``, so a missing rank is named.
@@ -122,7 +125,8 @@ def roll_call(info: DistEnv, addr: str, port: int, timeout_s: float) -> None:
         if missing:
             raise CourseError(
                 f"[rank 0] rank{'s' if len(missing) > 1 else ''} {ranks_text(missing)} of "
-                f"{info.world_size} did not join within {timeout_s:g} s (rank 0 waited at {where}). "
+                f"{info.world_size} did not join within {timeout_s:g} s "
+                f"(rank 0 waited at {where}). "
                 "Usual causes: those tasks crashed before set-up (read their output above), "
                 "the world size is wrong (more tasks asked for than started), or a firewall "
                 "blocks the port. Under srun, add --kill-on-bad-exit=1 so one failed task ends "

@@ -11,10 +11,10 @@ which shows a grid of learner × exercise, how many pass each exercise, and the 
 most learners meet.
 
 What a record holds, and nothing else: the learner (the Unix user name), the notebook, the exercise,
-the verdict (pass, fails, not done yet, not checked), the failure's one-line message, and the time. The
-records stay in the folder the instructor chose; nothing is sent anywhere. Each learner writes only
-under DIR/<user>/, one file per exercise, replaced whole (never half-written) at each check. Writing
-never fails a learner's check: a record that cannot be written gives one warning line.
+the verdict (pass, fails, not done yet, not checked), the failure's one-line message, and the time.
+The records stay in the folder the instructor chose; nothing is sent anywhere. Each learner writes
+only under DIR/<user>/, one file per exercise, replaced whole (never half-written) at each check.
+Writing never fails a learner's check: a record that cannot be written gives one warning line.
 """
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def verdict_of(mark: str, text: str) -> tuple[str, str, str]:
 
 def record(room: str | os.PathLike, notebook: str, exercise: str, verdict: str, message: str = "",
            learner: str | None = None, when: float | None = None) -> str | None:
-    """Write one learner's record of one exercise into ``room``; None once written, else the one-line
-    warning to print. It never raises: a room that cannot be written must not fail a learner's check."""
+    """Write one learner's record of one exercise into ``room``; None once written, else the
+    one-line warning to print. It never raises: a room that cannot be written must not fail a
+    learner's check."""
     learner = learner or getpass.getuser()
     entry = {"learner": learner, "notebook": notebook, "exercise": exercise, "verdict": verdict,
              "message": message[:MESSAGE_CHARS], "time": round(when or time.time(), 3)}
@@ -74,30 +75,33 @@ def record(room: str | os.PathLike, notebook: str, exercise: str, verdict: str, 
 
 
 def read_room(room: str | os.PathLike) -> tuple[list[dict], list[str]]:
-    """(records, problems): every record in ``room``; a file that is damaged or not a record is skipped,
-    and named in ``problems``."""
+    """(records, problems): every record in ``room``; a file that is damaged or not a record is
+    skipped, and named in ``problems``."""
     records, problems = [], []
     for path in sorted(Path(room).glob("*/*.json")):
         try:
             entry = json.loads(path.read_text())
-            if not isinstance(entry, dict) or not {"learner", "notebook", "exercise", "verdict"} <= entry.keys() \
+            if not isinstance(entry, dict) \
+                    or not {"learner", "notebook", "exercise", "verdict"} <= entry.keys() \
                     or entry["verdict"] not in VERDICTS:
                 raise ValueError("not a record")
             records.append(entry)
         except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
-            problems.append(f"{path.relative_to(room)}: skipped ({type(err).__name__}: {str(err)[:80]})")
+            problems.append(f"{path.relative_to(room)}: skipped "
+                            f"({type(err).__name__}: {str(err)[:80]})")
     return records, problems
 
 
 def summary(records: list[dict]) -> dict:
     """The room: ``learners``, ``exercises`` (notebook, exercise), the ``grid`` {learner: {exercise:
-    record}}, ``passing`` {exercise: how many pass}, and ``failures``: the most common failure messages,
-    [(message, learners, exercises)], most learners first."""
+    record}}, ``passing`` {exercise: how many pass}, and ``failures``: the most common failure
+    messages, [(message, learners, exercises)], most learners first."""
     exercises = sorted({(r["notebook"], r["exercise"]) for r in records})
     grid: dict[str, dict] = {}
     for r in sorted(records, key=lambda r: r.get("time", 0)):  # the latest record of each wins
         grid.setdefault(r["learner"], {})[(r["notebook"], r["exercise"])] = r
-    passing = {ex: sum(1 for row in grid.values() if row.get(ex, {}).get("verdict") == "pass") for ex in exercises}
+    passing = {ex: sum(1 for row in grid.values() if row.get(ex, {}).get("verdict") == "pass")
+               for ex in exercises}
     who, where = Counter(), {}
     for learner, row in grid.items():
         for ex, r in row.items():
@@ -105,7 +109,8 @@ def summary(records: list[dict]) -> dict:
                 who[r["message"]] += 1
                 where.setdefault(r["message"], set()).add(f"{ex[0][:2]} {ex[1]}")
     failures = [(message, n, sorted(where[message])) for message, n in who.most_common()]
-    return {"learners": sorted(grid), "exercises": exercises, "grid": grid, "passing": passing, "failures": failures}
+    return {"learners": sorted(grid), "exercises": exercises, "grid": grid, "passing": passing,
+            "failures": failures}
 
 
 def _label(ex: tuple[str, str]) -> str:
@@ -116,7 +121,8 @@ def text(records: list[dict], problems: list[str], top: int = 5) -> str:
     """The room as plain text: the grid, each exercise's passes, the commonest failures."""
     s = summary(records)
     if not s["learners"]:
-        return "No records in this room yet: learners write them with make check ROOM=<this folder>.\n" + \
+        return "No records in this room yet: learners write them with make check " \
+               "ROOM=<this folder>.\n" + \
                "".join(f"! {p}\n" for p in problems)
     labels = [_label(ex) for ex in s["exercises"]]
     width = max(len(name) for name in s["learners"] + ["learner"])
@@ -125,7 +131,8 @@ def text(records: list[dict], problems: list[str], top: int = 5) -> str:
         row = s["grid"][learner]
         cells = [MARK[row[ex]["verdict"]] if ex in row else "·" for ex in s["exercises"]]
         lines.append(f"{learner:<{width}}  " + "  ".join(f"{c:>6}" for c in cells))
-    lines.append(f"({MARK['pass']} pass, {MARK['fails']} fails, {MARK['not done yet']} not done yet, "
+    lines.append(f"({MARK['pass']} pass, {MARK['fails']} fails, "
+                 f"{MARK['not done yet']} not done yet, "
                  f"{MARK['not checked']} not checked, · no check yet)")
     lines.append("")
     n = len(s["learners"])
@@ -141,8 +148,10 @@ def text(records: list[dict], problems: list[str], top: int = 5) -> str:
 def page(records: list[dict], problems: list[str], refresh_s: int = 15, top: int = 5) -> str:
     """The room as an HTML page that reloads itself every ``refresh_s`` seconds."""
     s, esc = summary(records), html.escape
-    colours = {"pass": "#c8f0c8", "fails": "#f6c1c1", "not done yet": "#fbe9b7", "not checked": "#e4e4e4"}
-    head = "".join(f"<th>{esc(_label(ex))}<br><small>{s['passing'][ex]} of {len(s['learners'])} pass</small></th>"
+    colours = {"pass": "#c8f0c8", "fails": "#f6c1c1", "not done yet": "#fbe9b7",
+               "not checked": "#e4e4e4"}
+    head = "".join(f"<th>{esc(_label(ex))}<br>"
+                   f"<small>{s['passing'][ex]} of {len(s['learners'])} pass</small></th>"
                    for ex in s["exercises"])
     rows = []
     for learner in s["learners"]:
@@ -158,15 +167,20 @@ def page(records: list[dict], problems: list[str], refresh_s: int = 15, top: int
                              f'{MARK[r["verdict"]]}</td>')
         rows.append(f"<tr><th>{esc(learner)}</th>{''.join(cells)}</tr>")
     failures = "".join(f"<li><b>{count}</b> learner{'s' * (count > 1)} ({esc(', '.join(where))}): "
-                       f"<code>{esc(message)}</code></li>" for message, count, where in s["failures"][:top])
+                       f"<code>{esc(message)}</code></li>"
+                       for message, count, where in s["failures"][:top])
     skipped = "".join(f"<li>{esc(p)}</li>" for p in problems)
-    return f"""<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s}">
+    return f"""<!doctype html><html><head>\
+<meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s}">
 <title>The room: {len(s['learners'])} learners</title>
 <style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #bbb;padding:.3em .6em;text-align:center}} tr th:first-child{{text-align:left}}</style></head>
+td,th{{border:1px solid #bbb;padding:.3em .6em;text-align:center}} \
+tr th:first-child{{text-align:left}}</style></head>
 <body><h2>The room: {len(s['learners'])} learners, {len(s['exercises'])} exercises</h2>
-<p>{MARK['pass']} pass, {MARK['fails']} fails (hover for the message), {MARK['not done yet']} not done yet,
-{MARK['not checked']} not checked, empty: no check yet. Updated {time.strftime('%H:%M:%S')}; reloads every {refresh_s} s.</p>
+<p>{MARK['pass']} pass, {MARK['fails']} fails (hover for the message), \
+{MARK['not done yet']} not done yet,
+{MARK['not checked']} not checked, empty: no check yet. \
+Updated {time.strftime('%H:%M:%S')}; reloads every {refresh_s} s.</p>
 <table><tr><th>learner</th>{head}</tr>{''.join(rows)}</table>
 <h3>Most common failures</h3><ul>{failures or '<li>none</li>'}</ul>
 {f'<h3>Skipped files</h3><ul>{skipped}</ul>' if skipped else ''}</body></html>
@@ -174,14 +188,19 @@ td,th{{border:1px solid #bbb;padding:.3em .6em;text-align:center}} tr th:first-c
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpcourse.course room", description=__doc__.split("\n")[0])
-    p.add_argument("room", type=Path, help="the room's folder (what the learners give make check as ROOM)")
-    p.add_argument("--html", type=Path, default=None, help="also write the page here (it reloads itself)")
-    p.add_argument("--every", type=float, default=None, metavar="S", help="rewrite the view every S seconds")
+    p = argparse.ArgumentParser(prog="python -m dpcourse.course room",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("room", type=Path,
+                   help="the room's folder (what the learners give make check as ROOM)")
+    p.add_argument("--html", type=Path, default=None,
+                   help="also write the page here (it reloads itself)")
+    p.add_argument("--every", type=float, default=None, metavar="S",
+                   help="rewrite the view every S seconds")
     args = p.parse_args(argv)
     if not args.room.is_dir():
-        print(f"No room at {args.room}: create it (mkdir -m 1777 {args.room}, on a file system the learners "
-              "share) and give it to the learners as make check ROOM=...", file=sys.stderr)
+        print(f"No room at {args.room}: create it (mkdir -m 1777 {args.room}, on a file system "
+              "the learners share) and give it to the learners as make check ROOM=...",
+              file=sys.stderr)
         return 1
     while True:
         records, problems = read_room(args.room)

@@ -120,19 +120,22 @@ def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
     for r in runs:
         log = out / f"{r['name']}.jsonl"
         r.update(lab=lab.name, lab_args=[str(a) for a in lab_args], log=log.name,
-                 command=f"OMP_NUM_THREADS={threads} torchrun --standalone --nproc-per-node={r['workers']} "
-                         + " ".join([launch._relative(lab), *r["args"], *map(str, lab_args), "--log-json", str(log)]))
+                 command=f"OMP_NUM_THREADS={threads} torchrun --standalone "
+                         f"--nproc-per-node={r['workers']} "
+                         + " ".join([launch._relative(lab), *r["args"], *map(str, lab_args),
+                                     "--log-json", str(log)]))
     if task is not None and not 0 <= task < len(runs):
-        raise CourseError(f"--task {task}: this study has {len(runs)} runs, numbered 0 to {len(runs) - 1} "
-                          f"({', '.join(r['name'] for r in runs)}). For a Slurm job array: --array=0-{len(runs) - 1}.")
+        raise CourseError(f"--task {task}: this study has {len(runs)} runs, numbered 0 to "
+                          f"{len(runs) - 1} ({', '.join(r['name'] for r in runs)}). "
+                          f"For a Slurm job array: --array=0-{len(runs) - 1}.")
     study = _save_study(out, runs, machine(threads))
     todo = runs if task is None else [runs[task]]
     cores, gpus = study["machine"]["cores"], study["machine"]["gpus"]
     print(f"scaling study in {out}: {len(todo)} of {len(runs)} runs, {lab.name}, {threads} thread"
           f"{'s' if threads > 1 else ''} per worker, {cores} cores", flush=True)
     for k in sorted({r["workers"] for r in todo if r["workers"] * threads > cores}):
-        print(f"  K={k}: {k} workers × {threads} thread{'s' if threads > 1 else ''} > {cores} cores: "
-              "oversubscribed, flagged in the table and the plot", flush=True)
+        print(f"  K={k}: {k} workers × {threads} thread{'s' if threads > 1 else ''} > "
+              f"{cores} cores: oversubscribed, flagged in the table and the plot", flush=True)
     if gpus and any(r["workers"] > gpus for r in todo) and "--device" not in lab_args:
         print(f"  this node has {gpus} GPU(s): runs with more workers train on the CPU "
               "(one GPU per process), which is a different study: keep K ≤ the GPUs", flush=True)
@@ -151,15 +154,18 @@ def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
                 continue
             tqdm.write(f"{what}: its log was written by another version of {lab.name}: run again")
         log.unlink(missing_ok=True)  # an interrupted run starts again from scratch
-        made_by.write_text(digest + "\n")  # before the run: a log is never newer than its lab's hash
+        # before the run: a log is never newer than its lab's hash
+        made_by.write_text(digest + "\n")
         try:
             launch.run_ok(launch.torchrun(lab, *r["args"], *lab_args, "--log-json", log,
                                           nproc=r["workers"], log_json=False, echo=echo, ranks="0",
                                           env={"OMP_NUM_THREADS": str(threads)}, timeout=timeout))
         except CourseError as err:
-            done = sum((out / x["log"]).exists() and is_complete(read_log(out / x["log"])) for x in runs)
-            raise CourseError(f"{err.message}\n{what.replace('  ', ' ')} did not complete; {done} of "
-                              f"{len(runs)} runs are. The same command resumes the study.") from None
+            done = sum((out / x["log"]).exists() and is_complete(read_log(out / x["log"]))
+                       for x in runs)
+            raise CourseError(f"{err.message}\n{what.replace('  ', ' ')} did not complete; "
+                              f"{done} of {len(runs)} runs are. "
+                              "The same command resumes the study.") from None
         rate = throughput(read_log(log))
         tqdm.write(f"{what}: {rate:9,.1f} samples/s  (global batch {r['global_batch']}, {log})")
         logs.append(log)
@@ -201,15 +207,17 @@ def _save_study(out: Path, runs: list[dict], facts: dict) -> dict:
     if (old["lab"], old["threads"]) != (runs[0]["lab"], runs[0]["threads"]):
         refuse(f"of {old['lab']} with {old['threads']} thread(s) per worker; this one is "
                f"{runs[0]['lab']} with {runs[0]['threads']}")
-    for mode, key, flag in (("strong", "global_batch", "--global-batch-size"), ("weak", "batch_size", "--batch-size")):
+    for mode, key, flag in (("strong", "global_batch", "--global-batch-size"),
+                            ("weak", "batch_size", "--batch-size")):
         before = {r[key] for r in study["runs"] if r["mode"] == mode}
         now = {r[key] for r in runs if r["mode"] == mode}
         if before and now and before != now:
-            refuse(f"whose {mode} runs use {flag} {before.pop()} (this one: {now.pop()}); add {flag} "
-                   f"to this command to match")
+            refuse(f"whose {mode} runs use {flag} {before.pop()} (this one: {now.pop()}); "
+                   f"add {flag} to this command to match")
     for r in runs:
         if r["name"] in known and _meaning(known[r["name"]]["lab_args"]) != _meaning(r["lab_args"]):
-            refuse(f"whose {r['name']} ran with the lab options {' '.join(known[r['name']]['lab_args'])!r} "
+            refuse(f"whose {r['name']} ran with the lab options "
+                   f"{' '.join(known[r['name']]['lab_args'])!r} "
                    f"(this one: {' '.join(r['lab_args'])!r})")
     new = [r for r in runs if r["name"] not in known]
     if new:
@@ -303,7 +311,8 @@ def table(out) -> list[dict]:
     for r in study["runs"]:
         log = out / r["log"]
         records = read_log(log) if log.is_file() else []
-        rows.append({"name": r["name"], "mode": r["mode"], "workers": r["workers"], "threads": r["threads"],
+        rows.append({"name": r["name"], "mode": r["mode"],
+                     "workers": r["workers"], "threads": r["threads"],
                      "batch_size": r["batch_size"], "global_batch": r["global_batch"],
                      "samples_per_s": throughput(records), "speedup": None, "efficiency": None,
                      "oversubscribed": r["workers"] * r["threads"] > facts["cores"],
@@ -311,8 +320,8 @@ def table(out) -> list[dict]:
                      "host": facts["host"], "cores": facts["cores"], "cpu": facts.get("cpu"),
                      "cuda_device": facts.get("cuda_device")})
     for row in rows:
-        base = next((b["samples_per_s"] for b in rows if b["mode"] == row["mode"] and b["workers"] == 1
-                     and b["samples_per_s"]), None)
+        base = next((b["samples_per_s"] for b in rows if b["mode"] == row["mode"]
+                     and b["workers"] == 1 and b["samples_per_s"]), None)
         if base and row["samples_per_s"]:
             row["speedup"] = row["samples_per_s"] / base
             row["efficiency"] = row["speedup"] / row["workers"]
@@ -331,8 +340,10 @@ def format_table(rows: list[dict]) -> str:
              f"{'speedup':>8} {'efficiency':>10}  note"]
     num = lambda v, f: format(v, f) if v is not None else "—"  # noqa: E731
     for r in rows:
-        notes = [n for n, on in (("oversubscribed", r["oversubscribed"]), ("incomplete", not r["complete"])) if on]
-        lines.append(f"{r['mode']:6} {r['workers']:>3} {r['batch_size']:>12} {r['global_batch']:>7} "
+        notes = [n for n, on in (("oversubscribed", r["oversubscribed"]),
+                                 ("incomplete", not r["complete"])) if on]
+        lines.append(f"{r['mode']:6} {r['workers']:>3} {r['batch_size']:>12} "
+                     f"{r['global_batch']:>7} "
                      f"{num(r['samples_per_s'], '10,.1f'):>10} {num(r['speedup'], '8.2f'):>8} "
                      f"{num(r['efficiency'], '10.2f'):>10}  {', '.join(notes)}".rstrip())
     return "\n".join(lines)
@@ -345,32 +356,40 @@ def parse_args(argv=None):
     if "--" in argv:  # what follows goes to the lab untouched
         cut = argv.index("--")
         argv, lab_args = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="python -m dpcourse.scaling", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(prog="python -m dpcourse.scaling",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the study (complete runs are skipped)",
                        usage="python -m dpcourse.scaling run [options] [-- LAB OPTIONS]",
                        description="Run a lab for each K and mode; one JSON log per run in --out. "
                                    "Options after -- go to the lab, replacing the default "
                                    f"{' '.join(LAB_ARGS)}.")
-    r.add_argument("--out", default="runs/scaling", help="folder for study.json and the logs (default: runs/scaling)")
-    r.add_argument("--lab", default=None, help="lab script or name (default: fashion_ddp.py: labs/'s copy, "
-                   "or solutions/labs/'s when run under solutions/)")
+    r.add_argument("--out", default="runs/scaling",
+                   help="folder for study.json and the logs (default: runs/scaling)")
+    r.add_argument("--lab", default=None,
+                   help="lab script or name (default: fashion_ddp.py: labs/'s copy, "
+                        "or solutions/labs/'s when run under solutions/)")
     r.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES,
-                   help="strong: a fixed global batch; weak: a fixed batch per worker (default: both)")
-    r.add_argument("--workers", nargs="+", type=int, default=[1, 2], metavar="K", help="worker counts (default: 1 2)")
-    r.add_argument("--batch-size", type=int, default=128, metavar="B", help="per worker, weak scaling "
-                   "(default: 128); strong scaling's global batch is B × the largest K unless given")
+                   help="strong: a fixed global batch; weak: a fixed batch per worker "
+                        "(default: both)")
+    r.add_argument("--workers", nargs="+", type=int, default=[1, 2], metavar="K",
+                   help="worker counts (default: 1 2)")
+    r.add_argument("--batch-size", type=int, default=128, metavar="B",
+                   help="per worker, weak scaling (default: 128); strong scaling's global batch "
+                        "is B × the largest K unless given")
     r.add_argument("--global-batch-size", type=int, default=None, metavar="G",
                    help="strong scaling's global batch; every K must divide it")
     r.add_argument("--threads", type=int, default=1, metavar="N",
                    help="threads per worker, OMP_NUM_THREADS (default: 1)")
-    r.add_argument("--task", type=int, default=None, metavar="I", help="run only the i-th run (a Slurm array task: "
-                   "--task $SLURM_ARRAY_TASK_ID)")
+    r.add_argument("--task", type=int, default=None, metavar="I",
+                   help="run only the i-th run (a Slurm array task: --task $SLURM_ARRAY_TASK_ID)")
     r.add_argument("--echo", action="store_true", help="show the lab's own output")
     r.add_argument("--timeout", type=float, default=3600, metavar="S",
                    help="seconds one run may take (default: 3600)")
-    for name, what in (("table", "print the table"), ("plot", "draw throughput, speedup and efficiency vs K")):
+    for name, what in (("table", "print the table"),
+                       ("plot", "draw throughput, speedup and efficiency vs K")):
         s = sub.add_parser(name, help=what, description=what + " from OUT/study.json and the logs")
         s.add_argument("out", metavar="OUT", help="the study's folder (run's --out)")
         if name == "plot":
@@ -386,13 +405,15 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "run":
         try:
-            run(args.out, args.lab, args.mode, args.workers, args.batch_size, args.global_batch_size,
-                args.threads, args.lab_args, args.task, args.echo, args.timeout)
+            run(args.out, args.lab, args.mode, args.workers,
+                args.batch_size, args.global_batch_size, args.threads, args.lab_args,
+                args.task, args.echo, args.timeout)
         except ValueError as err:  # the plan's own message says what to change
             raise CourseError(str(err)) from None
         except NotImplementedError as err:  # the learner's labs/ copy, exercises not done yet
-            raise CourseError(f"{str(err).split('. ')[0]}. Complete it (its notebook's check says when it is right), or "
-                              "study the complete lab: --lab solutions/labs/fashion_ddp.py") from None
+            raise CourseError(f"{str(err).split('. ')[0]}. Complete it (its notebook's check says "
+                              "when it is right), or study the complete lab: "
+                              "--lab solutions/labs/fashion_ddp.py") from None
         print(format_table(table(args.out)))
     elif args.command == "table":
         print(format_table(table(args.out)))

@@ -1,5 +1,5 @@
-"""``python -m dpcourse.torchrun ARGS``: torchrun itself (``torch.distributed.run``), run as ``torchrun
-ARGS`` runs it, that leaves without the interpreter's teardown once it has finished.
+"""``python -m dpcourse.torchrun ARGS``: torchrun itself (``torch.distributed.run``), run as
+``torchrun ARGS`` runs it, that leaves without the interpreter's teardown once it has finished.
 
 ``dpcourse.launch.torchrun`` starts this instead of ``python -m torch.distributed.run``. By the time
 torchrun's ``main()`` returns, its workers have exited and it has said everything it will say; what

@@ -1,8 +1,9 @@
 """Who am I: this process's rank, local rank and world size, read from the launcher that started it.
 
-torchrun (RANK, LOCAL_RANK, WORLD_SIZE, ...), srun (SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS,
-...), mpirun (OMPI_COMM_WORLD_*), horovodrun (HOROVOD_*), or none (one process). Only reads variables:
-it starts nothing and talks to nobody (dpcourse.dist does, with what it finds here).
+torchrun (RANK, LOCAL_RANK, WORLD_SIZE, ...), srun (SLURM_PROCID, SLURM_LOCALID,
+SLURM_STEP_NUM_TASKS, ...), mpirun (OMPI_COMM_WORLD_*), horovodrun (HOROVOD_*), or none (one
+process). Only reads variables: it starts nothing and talks to nobody (dpcourse.dist does, with what
+it finds here).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class DistEnv:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
-    launcher: str = "none"  # torchrun | env (RANK and WORLD_SIZE exported by hand) | horovodrun | slurm | mpi | none
+    # torchrun | env (RANK and WORLD_SIZE exported by hand) | horovodrun | slurm | mpi | none
+    launcher: str = "none"
     backend: str | None = None
     device: torch.device = torch.device("cpu")
 
@@ -42,19 +44,20 @@ def _tasks_per_node(spec: str, node_id: int) -> int:
 def env_info(environ: os._Environ | dict | None = None) -> DistEnv:
     """Read rank, local rank and world size from the variables of the launcher that started us.
 
-    Order: torchrun (or RANK and WORLD_SIZE exported by hand: "env") → horovodrun (gloo) → ``mpirun`` →
-    an ``srun`` job step → one process. torchrun is told from a hand-made launch by TORCHELASTIC_RUN_ID,
-    which torchrun always sets: a hand-made launch gets the address check and the roll call that srun's
-    and mpirun's get, since no launcher watches its ranks. The innermost launcher
-    wins: torchrun runs inside srun steps, and ``mpirun`` inside an sbatch job or an srun step
-    starts its ranks through Slurm's helper steps, whose SLURM_* variables describe mpirun's
+    Order: torchrun (or RANK and WORLD_SIZE exported by hand: "env") → horovodrun (gloo) →
+    ``mpirun`` → an ``srun`` job step → one process. torchrun is told from a hand-made launch by
+    TORCHELASTIC_RUN_ID, which torchrun always sets: a hand-made launch gets the address check and
+    the roll call that srun's and mpirun's get, since no launcher watches its ranks. The innermost
+    launcher wins: torchrun runs inside srun steps, and ``mpirun`` inside an sbatch job or an srun
+    step starts its ranks through Slurm's helper steps, whose SLURM_* variables describe mpirun's
     daemons, not the MPI ranks. The batch script of an sbatch job has SLURM_PROCID but no
     SLURM_STEP_ID: that is one process.
     """
     e = os.environ if environ is None else environ
     if "RANK" in e and "WORLD_SIZE" in e:
         world = int(e["WORLD_SIZE"])
-        return DistEnv(int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world, int(e.get("LOCAL_WORLD_SIZE", world)),
+        return DistEnv(int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world,
+                       int(e.get("LOCAL_WORLD_SIZE", world)),
                        "torchrun" if "TORCHELASTIC_RUN_ID" in e else "env")
     if "HOROVOD_RANK" in e and "HOROVOD_SIZE" in e:  # horovodrun --gloo (with MPI: OMPI_* below)
         world = int(e["HOROVOD_SIZE"])

@@ -14,7 +14,8 @@ from .optim import REFERENCE_BATCH, warmup_then_decay  # the labs' own, for note
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
 
 # Set by dpcourse.course.execute in the kernels it starts (make course, make check, tests); a kernel
-# that nbval starts inherits pytest's own PYTEST_CURRENT_TEST instead (pytest sets it while a test runs).
+# that nbval starts inherits pytest's own PYTEST_CURRENT_TEST instead
+# (pytest sets it while a test runs).
 UNDER_TEST = "DPCOURSE_UNDER_TEST"
 
 
@@ -24,7 +25,8 @@ def under_test() -> bool:
 
 
 def drawing(out):
-    """``with drawing(out):`` in place of ``with out:`` for an explorer's drawing, so that it can fail.
+    """``with drawing(out):`` in place of ``with out:`` for an explorer's drawing, so that it
+    can fail.
 
     In a kernel, ipywidgets' ``Output`` shows an error raised inside it in its output area and
     swallows it: what a learner moving a slider needs (a slider's callback has no cell to show the
@@ -43,7 +45,8 @@ class _Drawing:
         return self.out
 
     def __exit__(self, kind, error, tb):
-        swallowed = self.out.__exit__(kind, error, tb)  # shows the error in the output area (in a kernel)
+        # shows the error in the output area (in a kernel)
+        swallowed = self.out.__exit__(kind, error, tb)
         return bool(swallowed) and not under_test()
 
 
@@ -121,7 +124,8 @@ TRAIN_IMAGES = 60_000  # FashionMNIST's training set
 LR_RULES = ("none", "linear", "sqrt")
 
 
-def peak_lr(rule: str, base_lr: float, global_batch: int, reference_batch: int = REFERENCE_BATCH) -> float:
+def peak_lr(rule: str, base_lr: float, global_batch: int,
+            reference_batch: int = REFERENCE_BATCH) -> float:
     """``base_lr`` (tuned for ``reference_batch``) scaled for ``global_batch``: unchanged (none),
     times G / reference (linear, Goyal et al. 2017), or times its square root (sqrt)."""
     if rule not in LR_RULES:
@@ -144,11 +148,12 @@ def lr_schedule(rule: str, base_lr: float, batch: int, world_size: int, warmup_e
     if steps_per_epoch is None:
         steps_per_epoch = TRAIN_IMAGES // world_size // batch
     if steps_per_epoch < 1:
-        raise ValueError(f"a global batch of {batch * world_size:,} is more than the {TRAIN_IMAGES:,} "
-                         "training images: not one step per epoch")
+        raise ValueError(f"a global batch of {batch * world_size:,} is more than the "
+                         f"{TRAIN_IMAGES:,} training images: not one step per epoch")
     peak = peak_lr(rule, base_lr, batch * world_size)
     total = max(1, epochs * steps_per_epoch)
-    factor = warmup_then_decay(total, max(1, round(warmup_epochs * steps_per_epoch)))  # the lab's LambdaLR
+    # the lab's LambdaLR
+    factor = warmup_then_decay(total, max(1, round(warmup_epochs * steps_per_epoch)))
     return [peak * factor(step) for step in range(total + 1)]
 
 
@@ -160,10 +165,12 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    wide = {"style": {"description_width": "initial"}, "continuous_update": False}  # labels not cut off
+    # labels not cut off
+    wide = {"style": {"description_width": "initial"}, "continuous_update": False}
     batch = w.SelectionSlider(options=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096), value=512,
                               description="batch per worker", **wide)
-    workers = w.SelectionSlider(options=(1, 2, 4, 8, 16, 32, 64), value=2, description="workers", **wide)
+    workers = w.SelectionSlider(options=(1, 2, 4, 8, 16, 32, 64), value=2,
+                                description="workers", **wide)
     warmup = w.FloatSlider(value=warmup_epochs, min=0.0, max=epochs - 0.25, step=0.25,
                            description="warm-up (epochs)", **wide)
     out = w.Output()
@@ -175,17 +182,22 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
             out.clear_output(wait=True)
             fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
             for i, rule in enumerate(LR_RULES):
-                lrs = lr_schedule(rule, base_lr, batch.value, workers.value, warmup.value, epochs, spe)[:-1]  # not the final 0
-                left.plot([s / spe for s in range(len(lrs))], lrs, color=f"C{i}", label=f"{rule}: peak {max(lrs):.3g}")
+                lrs = lr_schedule(rule, base_lr, batch.value, workers.value, warmup.value,
+                                  epochs, spe)[:-1]  # not the final 0
+                left.plot([s / spe for s in range(len(lrs))], lrs, color=f"C{i}",
+                          label=f"{rule}: peak {max(lrs):.3g}")
             left.set(xlabel="epoch", ylabel="learning rate", yscale="log",
-                     title=f"{workers.value} × {batch.value} = global batch {G:,}: {spe:,} steps per epoch")
+                     title=f"{workers.value} × {batch.value} = global batch {G:,}: "
+                           f"{spe:,} steps per epoch")
             left.legend(fontsize=8)
             gs = [2 ** k for k in range(4, 19)]
             for i, rule in enumerate(LR_RULES):
                 right.plot(gs, [peak_lr(rule, base_lr, g) for g in gs], color=f"C{i}", label=rule)
                 right.plot(G, peak_lr(rule, base_lr, G), "o", color=f"C{i}")
-            right.axvline(REFERENCE_BATCH, color="0.6", ls=":", label=f"reference batch {REFERENCE_BATCH}")
-            right.set(xscale="log", yscale="log", xlabel="global batch", ylabel="peak learning rate",
+            right.axvline(REFERENCE_BATCH, color="0.6", ls=":",
+                          label=f"reference batch {REFERENCE_BATCH}")
+            right.set(xscale="log", yscale="log", xlabel="global batch",
+                      ylabel="peak learning rate",
                       title=f"--lr {base_lr:g} is tuned for a global batch of {REFERENCE_BATCH}")
             right.legend(fontsize=8)
             for ax in (left, right):
@@ -200,7 +212,7 @@ def lr_rules_explorer(base_lr: float = 0.15, epochs: int = 3, warmup_epochs: flo
     return box
 
 
-# ---------------------------------------------------------------- notebook 04: the all-reduce cost model
+# ----------------------------------------------------------- notebook 04: the all-reduce cost model
 def allreduce_explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0.0):
     """Sliders for P, M, α and β (γ stays as given): the model time of every algorithm over
     message size, the winner at M drawn thick (notebook 04). Everything it draws comes from
@@ -213,9 +225,12 @@ def allreduce_explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0
 
     style = dict(continuous_update=False, style={"description_width": "80px"})
     P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
-    M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1, description="M (bytes)", **style)
-    a = w.FloatLogSlider(value=alpha, base=10, min=-7, max=-2, step=0.1, description="α (s)", **style)
-    b = w.FloatLogSlider(value=beta, base=10, min=-12, max=-7, step=0.1, description="β (s/B)", **style)
+    M = w.FloatLogSlider(value=2**20, base=2, min=2, max=30, step=1,
+                         description="M (bytes)", **style)
+    a = w.FloatLogSlider(value=alpha, base=10, min=-7, max=-2, step=0.1,
+                         description="α (s)", **style)
+    b = w.FloatLogSlider(value=beta, base=10, min=-12, max=-7, step=0.1,
+                         description="β (s/B)", **style)
     out = w.Output()
     sizes = [2.0 ** k for k in range(2, 31)]
 
@@ -259,10 +274,12 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
     wide = {"style": {"description_width": "initial"}}
     preset = w.Dropdown(options=list(MODELS), value=model, description="model", **wide)
     billions = w.FloatLogSlider(value=MODELS[model] / 1e9, base=10, min=-2, max=3, step=0.05,
-                                description="parameters (billions)", continuous_update=False, **wide)
+                                description="parameters (billions)",
+                                continuous_update=False, **wide)
     workers = w.SelectionSlider(options=[2 ** k for k in range(11)], value=world_size,
                                 description="workers", continuous_update=False, **wide)
-    precision = w.ToggleButtons(options=list(BYTES), value=precision, description="precision", **wide)
+    precision = w.ToggleButtons(options=list(BYTES), value=precision,
+                                description="precision", **wide)
     device = w.Dropdown(options=list(GPUS), value=gpu, description="GPU", **wide)
     out = w.Output()
 
@@ -280,7 +297,8 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
             for x, total in enumerate(bottom):
                 ax.annotate(human(total * 1e9), (x, total), ha="center", va="bottom", fontsize=8)
             ax.axhline(GPUS[device.value] / 1e9, color="k", ls="--", label=device.value)
-            ax.set(ylabel="GB per worker (model states)", ylim=(0, 1.15 * max(max(bottom), GPUS[device.value] / 1e9)),
+            ax.set(ylabel="GB per worker (model states)",
+                   ylim=(0, 1.15 * max(max(bottom), GPUS[device.value] / 1e9)),
                    title=f"{params / 1e9:.3g} B parameters, {precision.value}, {P} workers")
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3, axis="y")

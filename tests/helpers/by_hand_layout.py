@@ -46,7 +46,8 @@ for cap in (100, 0.0012, 0, None):
     model = lab.BucketDDP(TinyNet(), bucket_cap_mb=cap)
     names = {id(p): n for n, p in model.module.named_parameters()}
     out["buckets"][str(cap)] = [named(b.params) for b in model.buckets]
-    out["started"][f"BucketDDP {cap}"] = [started_in_backward(model, extra) for extra in (True, False, True)]
+    out["started"][f"BucketDDP {cap}"] = [started_in_backward(model, extra)
+                                          for extra in (True, False, True)]
 torch.manual_seed(0)
 model = lab.OverlapDDP(TinyNet())
 names = {id(p): n for n, p in model.module.named_parameters()}

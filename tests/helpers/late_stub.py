@@ -1,5 +1,5 @@
-"""Every rank meets an unfinished exercise; rank 0 reaches it SECONDS later than the others, as on a loaded
-machine (tests/test_dist.py). Rank 0 alone must say it."""
+"""Every rank meets an unfinished exercise; rank 0 reaches it SECONDS later than the others, as on a
+loaded machine (tests/test_dist.py). Rank 0 alone must say it."""
 import sys
 import time
 

@@ -1,9 +1,10 @@
-"""solutions/labs/fashion_ddp.py as the requeue test runs it, under slurm/cpu.sbatch (LAB=this file).
+"""solutions/labs/fashion_ddp.py as the requeue test runs it, under slurm/cpu.sbatch (LAB=this
+file).
 
 A run cannot end by itself until the job has been requeued $OPEN_RUNS times (SLURM_RESTART_COUNT):
 only the test's requeue or signal stops it, whenever it comes, so the test waits for no clock. The
-first run after that sets the finish line, 10 steps past its checkpoint, and every later run keeps it:
-a run stopped again on its way (a second warning) leaves the next one fewer steps, not a new 10.
+first run after that sets the finish line, 10 steps past its checkpoint, and every later run keeps
+it: a run stopped again on its way (a second warning) leaves the next one fewer steps, not a new 10.
 An open-ended run pauses PAUSE_S before each step (a global forward pre-hook on the DDP model): it
 only waits for Slurm, and at full speed its 2 cores of training took them from the tests that `make
 test`'s other worker runs meanwhile. Nothing it tests depends on the speed of a step.
@@ -28,13 +29,15 @@ if int(os.environ.get("SLURM_RESTART_COUNT", "0")) < int(os.environ["OPEN_RUNS"]
     args += ["--epochs", "1000", "--max-steps", "100000000"]
 
     def pause(module, inputs):
-        if isinstance(module, DistributedDataParallel):  # once per step: the model, not each of its layers
+        # once per step: the model, not each of its layers
+        if isinstance(module, DistributedDataParallel):
             time.sleep(PAUSE_S)
 
     torch.nn.modules.module.register_module_forward_pre_hook(pause)
 else:
     runs = Path(args[args.index("--checkpoint-dir") + 1])
-    finish = runs / "finish-at"  # every rank reads the same last.pt here: none is written before training
+    # every rank reads the same last.pt here: none is written before training
+    finish = runs / "finish-at"
     if finish.exists():
         end = int(finish.read_text())
     else:

@@ -1,4 +1,5 @@
-"""Which GPU and backend each srun task takes (dpcourse.dist.placement), on the test cluster's pretend GPUs.
+"""Which GPU and backend each srun task takes (dpcourse.dist.placement), on the test cluster's
+pretend GPUs.
 
 Test-only: torch here has no GPU, so its GPU count is faked from CUDA_VISIBLE_DEVICES, which Slurm
 sets for each task as it would on a real GPU node. The labs never contain this shim."""
@@ -15,5 +16,6 @@ from dpcourse import dist as ddp_env  # noqa: E402
 
 info = ddp_env.env_info()
 placed = ddp_env.placement("auto", os.environ.get("PROBE_DEVICE", "auto"), info)
-print(json.dumps({"rank": info.rank, "local_rank": info.local_rank, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                  "backend": placed.backend, "device": str(placed.device), "note": placed.note}), flush=True)
+print(json.dumps({"rank": info.rank, "local_rank": info.local_rank,
+                  "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "backend": placed.backend,
+                  "device": str(placed.device), "note": placed.note}), flush=True)

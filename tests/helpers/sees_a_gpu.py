@@ -1,6 +1,6 @@
-"""Runs a lab (argv[1], its options after it) in a process whose torch "sees" the GPUs CUDA_VISIBLE_DEVICES
-names, read when torch asks, as CUDA reads it when first asked: torch here has no GPU. Test-only: the
-labs never contain this shim."""
+"""Runs a lab (argv[1], its options after it) in a process whose torch "sees" the GPUs
+CUDA_VISIBLE_DEVICES names, read when torch asks, as CUDA reads it when first asked: torch here has
+no GPU. Test-only: the labs never contain this shim."""
 import functools
 import os
 import runpy

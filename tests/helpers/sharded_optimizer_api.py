@@ -1,10 +1,11 @@
-"""Run under torchrun (2 or 3 ranks, gloo): labs/sharded_optimizer.py's ShardedOptimizer used as a learner
-would use any torch optimizer in a project. Against the unsharded AdamW given the same gradients, with two
-parameter groups (weight decay on the weight matrices only) and a StepLR: equal parameters after every step,
-the scheduler's rate in the optimizer each rank steps, step(closure); each rank saves its own shard, a fresh
-model and optimizer load it and go on as the original does; another rank's shard is refused. Rank 0
-prints "ok: ..." and the process exits 0 only if every part holds on every rank. A group added after it was
-built is refused (its parameters would have no owner)."""
+"""Run under torchrun (2 or 3 ranks, gloo): labs/sharded_optimizer.py's ShardedOptimizer used as a
+learner would use any torch optimizer in a project. Against the unsharded AdamW given the same
+gradients, with two parameter groups (weight decay on the weight matrices only) and a StepLR: equal
+parameters after every step, the scheduler's rate in the optimizer each rank steps, step(closure);
+each rank saves its own shard, a fresh model and optimizer load it and go on as the original does;
+another rank's shard is refused. Rank 0 prints "ok: ..." and the process exits 0 only if every part
+holds on every rank. A group added after it was built is refused (its parameters would have no
+owner)."""
 import copy
 import sys
 import tempfile
@@ -46,8 +47,8 @@ def main():
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(8 * world_size, 20, generator=gen), torch.randint(8, (8 * world_size,), generator=gen))
-               for _ in range(6)]
+    batches = [(torch.randn(8 * world_size, 20, generator=gen),
+                torch.randint(8, (8 * world_size,), generator=gen)) for _ in range(6)]
     torch.manual_seed(0)
     model = UnevenNet()
     reference, restart = copy.deepcopy(model), None
@@ -55,7 +56,8 @@ def main():
     full = torch.optim.AdamW(groups(reference), lr=0.01)
     assert isinstance(opt, torch.optim.Optimizer), "not a torch.optim.Optimizer"
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0], opt.param_groups
-    assert opt.param_groups[0]["betas"] == full.param_groups[0]["betas"], "AdamW's defaults missing from param_groups"
+    assert opt.param_groups[0]["betas"] == full.param_groups[0]["betas"], \
+        "AdamW's defaults missing from param_groups"
     try:  # the owners are shared out when it is built: a group added later would never be stepped
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
         raise AssertionError("a parameter group added after the owners were shared out was taken")
@@ -68,8 +70,8 @@ def main():
         if i == 3:  # each rank saves its shard; a fresh model and optimizer load it
             folder = Path(tempfile.gettempdir()) / f"sharded-api-{dist.get_rank()}-{id(opt)}"
             folder.mkdir(exist_ok=True)
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()},
-                       folder / f"shard{rank}.pt")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                        "sched": sched.state_dict()}, folder / f"shard{rank}.pt")
             saved = torch.load(folder / f"shard{rank}.pt", weights_only=False)
             restart = UnevenNet()
             restart.load_state_dict(saved["model"])
@@ -88,22 +90,25 @@ def main():
         train(reference, full, full_sched, [batch], rank, world_size)
         if restart is not None:
             train(restart, restart_opt, restart_sched, [batch], rank, world_size)
-        assert all(local["lr"] == used for local in opt.local.param_groups), "this rank stepped with another rate"
-        assert all(g["lr"] == full.param_groups[0]["lr"] for g in opt.param_groups), "the scheduler's rate is not shown"
+        assert all(local["lr"] == used for local in opt.local.param_groups), \
+            "this rank stepped with another rate"
+        assert all(g["lr"] == full.param_groups[0]["lr"] for g in opt.param_groups), \
+            "the scheduler's rate is not shown"
         for p, q in zip(model.parameters(), reference.parameters()):
             worst = max(worst, (p - q).abs().max().item())
         if restart is not None:
             for p, q in zip(model.parameters(), restart.parameters()):
                 assert torch.equal(p, q), f"step {i}: the reloaded shard went on otherwise"
     assert worst < 1e-6, f"ShardedOptimizer differs from AdamW by {worst:.1e}"
-    mine = sum(t.numel() for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
+    mine = sum(t.numel() for s in opt.state.values() for t in s.values()
+               if torch.is_tensor(t) and t.dim())
     everything = sum(2 * p.numel() for p in model.parameters())  # AdamW's two moments, unsharded
     shares = [None] * world_size
     dist.all_gather_object(shares, mine)
     assert sum(shares) == everything and max(shares) < everything, (shares, everything)
     if rank == 0:
-        print(f"ok: {world_size} ranks, 2 parameter groups, StepLR, step(closure), max |Δ| vs AdamW {worst:.1e}, "
-              f"shards of {shares} moments, save/load per rank")
+        print(f"ok: {world_size} ranks, 2 parameter groups, StepLR, step(closure), "
+              f"max |Δ| vs AdamW {worst:.1e}, shards of {shares} moments, save/load per rank")
     dist.destroy_process_group()
 
 

@@ -1,6 +1,7 @@
 """Bug hunt: every rank starts with "download the data if it is not there".
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/bugs/download_race.py --dest /tmp/race
+    torchrun --standalone --nproc-per-node 2 solutions/labs/bugs/download_race.py \
+        --dest /tmp/race
 
 The download is simulated so the lab runs offline: FashionMNIST's test images (7.8 MB) are
 copied from the staged data at --mb-per-s, straight into the final file name, chunk by chunk,
@@ -26,7 +27,8 @@ SIZE, SHA256 = FILES[NAME]
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 
@@ -36,7 +38,8 @@ def cleanup():
 
 
 def download_if_missing(source: Path, dest: Path, mb_per_s: float) -> bool:
-    """What torchvision's download=True does: nothing if the file is there; True if it downloaded."""
+    """What torchvision's download=True does: nothing if the file is there; True if it
+    downloaded."""
     if dest.exists():
         return False
     time.sleep(0.05)  # the request's round trip
@@ -77,10 +80,13 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dest", required=True, help="the shared folder to download into (start it empty)")
-    parser.add_argument("--data-root", default=None, help="where the staged FashionMNIST is (the 'server')")
+    parser.add_argument("--dest", required=True,
+                        help="the shared folder to download into (start it empty)")
+    parser.add_argument("--data-root", default=None,
+                        help="where the staged FashionMNIST is (the 'server')")
     parser.add_argument("--mb-per-s", type=float, default=40.0, help="the simulated download speed")
-    parser.add_argument("--late-s", type=float, default=0.1, help="how much later the other ranks arrive")
+    parser.add_argument("--late-s", type=float, default=0.1,
+                        help="how much later the other ranks arrive")
     parser.add_argument("--timeout", type=float, default=30, help="seconds a collective may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())

@@ -1,6 +1,7 @@
 """Bug hunt: every rank loads the same checkpoint. Where do its tensors go?
 
-    torchrun --standalone --nproc-per-node 2 solutions/labs/bugs/no_set_device_fixed.py --ckpt /tmp/gpu0.pt
+    torchrun --standalone --nproc-per-node 2 solutions/labs/bugs/no_set_device_fixed.py \
+        --ckpt /tmp/gpu0.pt
 
 Rank 0 first writes a checkpoint the way a GPU job writes one: its tensors saved from cuda:0
 (on a machine without a GPU they are only tagged cuda:0, which is what torch.save records on a
@@ -18,13 +19,16 @@ import torch.distributed as dist
 from dpcourse import dist as ddp_env
 from dpcourse.metrics import JsonLog
 
-GPUS = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # DDP: a GPU for each process here
+# DDP: a GPU for each process here
+GPUS = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 AS_IF_ON_GPU0 = []  # while not empty, torch.save records CPU tensors as saved from cuda:0
-torch.serialization.register_package(5, lambda storage: "cuda:0" if AS_IF_ON_GPU0 else None, lambda obj, location: None)
+torch.serialization.register_package(5, lambda storage: "cuda:0" if AS_IF_ON_GPU0 else None,
+                                     lambda obj, location: None)
 
 
 def setup(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank and world size from the launcher
+    # DDP: rank and world size from the launcher
+    env = ddp_env.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
     return env
@@ -49,8 +53,10 @@ def use_and_load(device, path):
     """Make ``device`` this rank's device, and load the checkpoint's tensors."""
     ### BEGIN SOLUTION (hint: two lines: on GPUs make device this process's current GPU; load the tensors onto device)
     if GPUS:
-        torch.cuda.set_device(device)  # DDP: "cuda" and every new CUDA allocation now mean this rank's GPU
-    return torch.load(path, map_location=device)  # DDP: onto this rank's device, not back onto cuda:0
+        # DDP: "cuda" and every new CUDA allocation now mean this rank's GPU
+        torch.cuda.set_device(device)
+    # DDP: onto this rank's device, not back onto cuda:0
+    return torch.load(path, map_location=device)
     ### END SOLUTION
 
 
@@ -61,7 +67,8 @@ def main(args):
         write_gpu_checkpoint(args.ckpt)
     dist.barrier()  # DDP: the others read the checkpoint once it is written
 
-    device = torch.device("cuda", env.local_rank) if GPUS else torch.device(args.cpu_device)  # DDP: one GPU per rank
+    # DDP: one GPU per rank
+    device = torch.device("cuda", env.local_rank) if GPUS else torch.device(args.cpu_device)
     try:
         state = use_and_load(device, args.ckpt)
     except NotImplementedError:
@@ -70,14 +77,17 @@ def main(args):
         state = None
         print(f"rank {rank} could not load the checkpoint: {str(err).splitlines()[0]}", flush=True)
     where = sorted({str(t.device) for t in state.values()}) if state else []
-    used = [round(torch.cuda.memory_allocated(d) / 2**20) for d in range(torch.cuda.device_count())] if GPUS else []
+    used = [round(torch.cuda.memory_allocated(d) / 2**20)
+            for d in range(torch.cuda.device_count())] if GPUS else []
     print(f"rank {rank}: device {device}, checkpoint on {where or 'nothing'}"
           + (f", this process's MiB on each GPU {used}" if GPUS else ""), flush=True)
 
     report = [None] * world_size
-    dist.all_gather_object(report, {"rank": rank, "device": str(device), "loaded_on": where, "mib_per_gpu": used})  # DDP
+    dist.all_gather_object(report, {"rank": rank, "device": str(device), "loaded_on": where,  # DDP
+                                    "mib_per_gpu": used})
     if rank == 0:  # DDP: one rank reports
-        JsonLog(args.log_json).write("done", world_size=world_size, gpus=torch.cuda.device_count(), ranks=report)
+        JsonLog(args.log_json).write("done", world_size=world_size, gpus=torch.cuda.device_count(),
+                                     ranks=report)
         os.remove(args.ckpt)
     cleanup()
     if state is None:
@@ -86,9 +96,11 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="where rank 0 writes the checkpoint (a folder every rank sees)")
-    parser.add_argument("--cpu-device", default="cpu", help="each rank's device without GPUs (the check "
-                        "uses meta: a stand-in for a device that is not where the tensors were saved)")
+    parser.add_argument("--ckpt", required=True,
+                        help="where rank 0 writes the checkpoint (a folder every rank sees)")
+    parser.add_argument("--cpu-device", default="cpu",
+                        help="each rank's device without GPUs (the check uses meta: a stand-in "
+                             "for a device that is not where the tensors were saved)")
     parser.add_argument("--timeout", type=float, default=30, help="seconds a collective may wait")
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())
