@@ -26,19 +26,18 @@ from functools import partial
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.model_averaging import averagers
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env, preemption, training
+from dpcourse import dist as ddp_env, options, preemption, training
 from dpcourse.data import InMemoryFashionMNIST, torchvision_fashion_mnist
 from dpcourse.metrics import StepTimer, trace_profiler
 from dpcourse.models import FashionCNN
 from dpcourse.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
-from dpcourse.options import Defaults, common_options, fashion_options, scaling_options
 
 
 def setup(args):
@@ -48,7 +47,7 @@ def setup(args):
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
-    ddp_env.gpu_roll_call(env)  # on GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop here
+    ddp_env.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
     return env
 
 
@@ -57,7 +56,7 @@ def cleanup():
 
 
 def scaled_lr(args, batch, world_size):
-    """The learning rate for this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
+    """The learning rate of this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
     if args.lr_scaling == "none":
         return args.lr
     # YOUR CODE HERE
@@ -78,7 +77,8 @@ def evaluate(model, test_set, env, dtype=torch.float32, batch=1000):
             x, y = test_set[idx]
             out = model(x.to(dtype).contiguous(memory_format=torch.channels_last))
             totals += torch.stack([F.cross_entropy(out.float(), y, reduction="sum").double(),
-                                   (out.argmax(1) == y).sum().double(), torch.tensor(len(y), device=env.device).double()])
+                                   (out.argmax(1) == y).sum().double(),
+                                   torch.tensor(len(y), device=env.device).double()])
     # YOUR CODE HERE
     # Hint: sum the three totals over all ranks, in place, with one collective
     raise NotImplementedError("Exercise: see the hint above")
@@ -93,32 +93,23 @@ def unwrap(model):
 
 
 class Trainer:
-    """One rank's training loop. Every rank runs the same steps on its own batches; rank 0 also logs
-    and saves. ``progress`` (epoch, step, step in the epoch, seconds) is what a checkpoint resumes."""
+    """One rank's training loop: every rank runs the same steps on its own batches; rank 0 also
+    logs and saves. A checkpoint resumes ``progress``; ``timer``, ``averager``: notebooks 07-08."""
 
-    def __init__(self, args, env, model, opt, sched, sampler, data, test_set, progress, log, caught, timer, averager):
+    def __init__(self, args, env, model, opt, sched, *, sampler, batch, data, test_set, config,
+                 progress, log, caught, timer, averager):
         self.args, self.env, self.model, self.opt, self.sched = args, env, model, opt, sched
-        self.sampler, self.data, self.test_set, self.progress, self.log = sampler, data, test_set, progress, log
-        self.caught, self.timer, self.averager = caught, timer, averager  # timer, averager: notebooks 07-08
-        self.batch = progress["global_batch"] // env.world_size
-        self.steps_per_epoch = len(sampler) // self.batch
+        self.sampler, self.batch, self.data, self.test_set = sampler, batch, data, test_set
+        self.config, self.progress, self.log, self.caught = config, progress, log, caught
+        self.timer, self.averager = timer, averager
+        self.steps_per_epoch = len(sampler) // batch
         self.dtype = next(model.parameters()).dtype
         self.amp = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=args.amp)
         self.window = training.Window(env.device)  # loss and throughput since the last log record
         self.last_eval, self.test_images = {"test_accuracy": None, "test_loss": None}, None
-        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"], unit="step",
-                        desc="train", disable=ddp_env.bar_off(env.rank))  # DDP: a bar on rank 0 only
-        self.profiler = trace_profiler(args.profile_trace if env.rank == 0 else None)  # a Chrome trace
-
-    def train(self):
-        """Epochs until --epochs, or until a stop (a step limit, a target, a signal); returns why."""
-        stop = None
-        while self.progress["epoch"] < self.args.epochs and stop is None:
-            stop = self.run_epoch(self.progress["epoch"])
-        self.bar.close()
-        if self.profiler:
-            self.profiler.stop()
-        return stop or "epochs"
+        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
+                        unit="step", desc="train", disable=ddp_env.bar_off(env.rank))  # DDP: 0's
+        self.profiler = trace_profiler(args.profile_trace if env.rank == 0 else None)  # Chrome's
 
     def run_epoch(self, epoch):
         """One pass over this rank's shard; why training stops, or None to go on."""
@@ -128,7 +119,7 @@ class Trainer:
         #       anew
         raise NotImplementedError("Exercise: see the hint above")
         batches = self.data  # --loader torchvision: a DataLoader on the same sampler
-        if self.args.loader == "memory":  # one indexing operation per batch on the tensors of the whole split
+        if self.args.loader == "memory":  # a batch: one indexing of the whole split's tensors
             batches = (self.data[torch.as_tensor(idx, device=device)]
                        for idx in BatchSampler(self.sampler, self.batch, drop_last=True))
         start = time.perf_counter()  # a step's time includes waiting for its batch
@@ -137,17 +128,18 @@ class Trainer:
             if i < p["step_in_epoch"]:  # resumed mid-epoch: these batches were done
                 start = time.perf_counter()
                 continue
-            x = x.to(device, self.dtype, non_blocking=True).contiguous(memory_format=torch.channels_last)
+            x = x.to(device, self.dtype, non_blocking=True)
+            x = x.contiguous(memory_format=torch.channels_last)
             y = y.to(device, non_blocking=True)
             self.timer.lap("data")
             if i == 0 and self.env.rank == 0:  # epoch = step / steps per epoch
-                self.log.write("epoch_start", epoch=epoch, step=p["step"], first_labels=y[:8].tolist())
+                self.log.write("epoch_start", epoch=epoch, step=p["step"],
+                               first_labels=y[:8].tolist())
             loss = self.run_step(x, y, p["step"])
             self.window.add(loss, self.batch, time.perf_counter() - start)
             p.update(epoch=epoch, step=p["step"] + 1, step_in_epoch=i + 1)
             self.bar.update()
-            stop = self.after_step(i)
-            if stop:
+            if stop := self.after_step(i):
                 return stop
             start = time.perf_counter()
             self.timer.start()
@@ -155,7 +147,8 @@ class Trainer:
         stop = self.test()
         rec = self.record("epoch", test_images=self.test_images)
         if self.env.rank == 0:  # DDP: one line per epoch, also where there is no bar (logs, CI)
-            print(f"epoch {epoch + 1}: {training.tested(rec)}, {rec['elapsed_s']:.1f} s", flush=True)
+            print(f"epoch {p['epoch']}: {training.tested(rec)}, {rec['elapsed_s']:.1f} s",
+                  flush=True)
         self.save()
         return stop
 
@@ -165,10 +158,10 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         local = self.averager is not None and step >= args.local_sgd_warmup  # post-local SGD phase
         for j, (xm, ym) in enumerate(zip(x.chunk(args.accumulate), y.chunk(args.accumulate))):
-            quiet = j < args.accumulate - 1 or local  # DDP: all-reduce on the last micro-batch only
-            with model.no_sync() if quiet and not args.no_ddp else nullcontext():  # DDP: no_sync = no all-reduce
-                with self.amp:
-                    loss = F.cross_entropy(model(xm), ym) / args.accumulate  # the mean over the whole batch
+            quiet = (j < args.accumulate - 1 or local) and not args.no_ddp  # not the last one
+            with model.no_sync() if quiet else nullcontext():  # DDP: no all-reduce yet
+                with self.amp:  # /accumulate: the mean over the whole batch
+                    loss = F.cross_entropy(model(xm), ym) / args.accumulate
                 timer.lap("forward")
                 loss.backward()  # DDP: gradients are averaged across ranks while backward runs
             timer.lap("backward")
@@ -176,7 +169,7 @@ class Trainer:
         self.sched.step()
         timer.lap("optimizer")
         if self.averager:
-            self.averager.average_parameters(model.parameters())  # DDP: the weights, not the gradients, now and then
+            self.averager.average_parameters(model.parameters())  # DDP: weights, not gradients
             timer.lap("allreduce")
         timer.stop()
         if self.profiler:
@@ -184,8 +177,8 @@ class Trainer:
         return loss.detach().float() * args.accumulate
 
     def after_step(self, i):
-        """A checkpoint, an evaluation or a log record, when one is due; why training stops, or None."""
-        args, step = self.args, self.progress["step"]
+        """A checkpoint, evaluation or log record when one is due; why training stops, or None."""
+        args, step, device = self.args, self.progress["step"], self.env.device
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
         stop = None
@@ -194,11 +187,11 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
-        # DDP: every rank stops after the same step (a signal on one rank, rank 0's clock: one all-reduce)
-        return stop or training.should_stop(args, step, self.log.elapsed(), self.caught, self.env.device)
+        # DDP: all ranks stop after the same step (an all-reduce: a signal anywhere, rank 0's clock)
+        return stop or training.should_stop(args, step, self.log.elapsed(), self.caught, device)
 
     def test(self):
-        """Test the model (unless --no-eval): 'target_accuracy' once it reaches --target-accuracy, else None."""
+        """Test the model (not with --no-eval): 'target_accuracy' once it reaches the target."""
         if self.args.no_eval:
             return None
         if self.averager:  # DDP: local SGD let the replicas drift apart: test their average
@@ -217,28 +210,35 @@ class Trainer:
         return self.log.write(event, epoch=round(step / self.steps_per_epoch, 4), step=step,
                               **self.window.take(loss_sum.item(), self.env.world_size),
                               lr=round(self.sched.get_last_lr()[0], 7), **self.timer.report(),
-                              **(self.last_eval if event in ("eval", "epoch", "done") else {}), **fields)
+                              **(self.last_eval if event in ("eval", "epoch", "done") else {}),
+                              **fields)
 
     def save(self):
         """CHECKPOINT_DIR/last.pt (--checkpoint-dir): everything a resumed run needs."""
         if not self.args.checkpoint_dir:
             return
-        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on from
+        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on
         if self.env.rank == 0:  # DDP: one writer; every replica holds the same weights
-            model = unwrap(self.model)
-            config = {**model.config, "world_size": self.env.world_size, "global_batch": self.progress["global_batch"]}
-            training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", config, model=model, optimizer=self.opt,
-                                     scheduler=self.sched, progress=self.progress, rng=torch.get_rng_state())
+            training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", self.config,
+                                     model=unwrap(self.model), optimizer=self.opt,
+                                     scheduler=self.sched, progress=self.progress,
+                                     rng=torch.get_rng_state())
 
     def finish(self, stop):
         """The last evaluation, log record and checkpoint; rank 0 reports."""
         args, env = self.args, self.env
-        if stop != "signal" and (self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]):
-            self.test()  # stopped mid-epoch: test what we have (not in a time-limit warning's last seconds)
-        spread = training.replica_spread(unwrap(self.model))  # DDP: 0.0 when the replicas stayed in sync
-        final = self.record("done", test_images=self.test_images, stop=stop, replicas_max_diff=spread)
+        self.bar.close()
+        if self.profiler:
+            self.profiler.stop()
+        untested = self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]
+        if stop != "signal" and untested:  # not in a time-limit warning's last seconds
+            self.test()  # stopped mid-epoch: test what we have
+        spread = training.replica_spread(unwrap(self.model))  # DDP: 0.0: the replicas stayed alike
+        final = self.record("done", test_images=self.test_images, stop=stop,
+                            replicas_max_diff=spread)
         if env.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
-            print(f"step {final['step']}: {training.tested(final)}, {final['elapsed_s']:.1f} s ({stop})", flush=True)
+            print(f"step {final['step']}: {training.tested(final)}, {final['elapsed_s']:.1f} s "
+                  f"({stop})", flush=True)
             if args.save_model:
                 torch.save(unwrap(self.model).state_dict(), args.save_model)
         self.progress["finished"] = stop if stop == "target_accuracy" else None
@@ -251,41 +251,34 @@ class Trainer:
             dist.barrier()  # DDP: wait for rank 0's checkpoint
 
 
-def send_less(args, env, model, timer, step):
+def send_less(args, model, timer, step):
     """(notebook 08) How DDP sends each bucket of gradients (--comm-hook), and post-local SGD's
     model averager (--local-sgd; None without it). Skip this on a first reading."""
-    state, hook = None, {"none": None, "allreduce": default_hooks.allreduce_hook,
-                         "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
-                         "powersgd": powerSGD_hook.powerSGD_hook}[args.comm_hook]
-    if args.comm_hook == "powersgd":  # low-rank gradients; plain all-reduce for the first steps
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
-                                            start_powerSGD_iter=args.powersgd_start)
+    state, hook = training.comm_hook(args)  # torch's hooks: fp16, bf16, PowerSGD; or None
     if hook or args.time_split:  # DDP: what DDP does with each bucket of gradients
         model.register_comm_hook(state, timer.timed(hook or default_hooks.allreduce_hook))
     if not args.local_sgd:
         return None
     # DDP: post-local SGD: after warm-up, average the weights every N steps
-    averager = averagers.PeriodicModelAverager(period=args.local_sgd, warmup_steps=args.local_sgd_warmup)
+    averager = averagers.PeriodicModelAverager(args.local_sgd, args.local_sgd_warmup)
     averager.step = step
     return averager
 
 
 def main(args):
-    caught = preemption.catch()  # SIGUSR1 (a job's time-limit warning) and SIGTERM: stop after a step, saved
+    caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    device, stop = env.device, partial(ddp_env.stop, env)  # stop(message): rank 0 says what to do, all exit
-    batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: per worker × world size = global
-    training.check_options(args, world_size, batch, stop, device)  # e.g. --no-ddp on 2 ranks: one line, then exit
-    # --deterministic: the same kernels every run, and float64, because in float32 a rounding
-    # difference of 1e-7 can flip a ReLU or a max-pool choice, and such flips grow step by step.
-    torch.use_deterministic_algorithms(args.deterministic)
-    dtype = torch.float64 if args.deterministic else torch.float32
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP would copy rank 0's anyway)
+    device, stop = env.device, partial(ddp_env.stop, env)  # stop(why): rank 0 says it, all exit
+    batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: × world size
+    training.check_options(args, world_size, batch, stop, device)  # e.g. --no-ddp on 2 ranks
+    dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
+    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP copies rank 0's anyway)
 
     # Data. Rank 0 stages the files first; the others wait, then read the same verified copy.
     with ddp_env.rank0_first():  # DDP: one download, not one per rank
-        train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device, first=args.train_images)
+        train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device,
+                                         first=args.train_images)
         test_set = InMemoryFashionMNIST(args.data_root, train=False, device=device)
     # YOUR CODE HERE
     # Hint: a DistributedSampler over train_set for this rank of world_size, shuffled
@@ -302,49 +295,55 @@ def main(args):
         data = loader
     steps_per_epoch = len(sampler) // batch
 
-    model = FashionCNN(width=args.width, norm=args.norm).to(device, dtype, memory_format=torch.channels_last)
+    model = FashionCNN(args.width, args.norm).to(device, dtype, memory_format=torch.channels_last)
     lr = scaled_lr(args, batch, world_size)
-    opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay, args.lars_eta)  # --optimizer
-    total, warmup = args.epochs * steps_per_epoch, max(1, round(args.warmup_epochs * steps_per_epoch))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup))  # warm-up, then linear decay
-    config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # what a resume must match
+    opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay,
+                            args.lars_eta)
+    total = args.epochs * steps_per_epoch
+    warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup))  # then to 0
+    config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # to resume
     # DDP: every rank loads the same checkpoint (--resume), so that the replicas go on alike
-    progress = training.resume(args, config, stop, device, model=model, optimizer=opt, scheduler=sched)
+    progress = training.resume(args, config, stop, device, model=model, optimizer=opt,
+                               scheduler=sched)
     if progress is None:  # --resume names the checkpoint of a finished run: nothing to do
         return cleanup()
-    timer = StepTimer(device, enabled=args.time_split)  # where the time goes (notebook 07); off: no-ops
+    timer = StepTimer(device, enabled=args.time_split)  # where the time goes (notebook 07)
     averager = None
     if not args.no_ddp:
-        ddp_options = dict(bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.grad_as_bucket_view)
+        ddp_options = dict(bucket_cap_mb=args.bucket_cap_mb,
+                           gradient_as_bucket_view=args.grad_as_bucket_view)
         # YOUR CODE HERE
         # Hint: wrap model in DDP with **ddp_options;
         #       on a GPU, give it this rank's device
         raise NotImplementedError("Exercise: see the hint above")
-        averager = send_less(args, env, model, timer, progress["step"])  # notebook 08: hooks, local SGD
+        averager = send_less(args, model, timer, progress["step"])  # notebook 08
 
-    log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs; the others write nothing
-                            args, progress, steps_per_epoch, world_size=world_size, global_batch=global_batch,
-                            peak_lr=lr, loader=args.loader, ddp=not args.no_ddp, threads=torch.get_num_threads())
+    log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs, no one else
+                            args, progress, steps_per_epoch, world_size=world_size,
+                            global_batch=global_batch, peak_lr=lr, loader=args.loader,
+                            ddp=not args.no_ddp, threads=torch.get_num_threads())
     if rank == 0:  # DDP: one rank talks
-        print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} steps per epoch, "
-              f"{env.backend} on {device}" + (f", resumed at step {progress['step']}" if progress["step"] else ""),
-              flush=True)
-    trainer = Trainer(args, env, model, opt, sched, sampler, data, test_set, progress, log, caught, timer, averager)
-    trainer.finish(trainer.train())
+        resumed = f", resumed at step {progress['step']}" if progress["step"] else ""
+        print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, "
+              f"{steps_per_epoch} steps per epoch, {env.backend} on {device}{resumed}", flush=True)
+    trainer = Trainer(args, env, model, opt, sched, sampler=sampler, batch=batch, data=data,
+                      test_set=test_set, config=config, progress=progress, log=log, caught=caught,
+                      timer=timer, averager=averager)
+    reason = None  # why training stops early: a step limit, a target accuracy, a signal
+    while progress["epoch"] < args.epochs and reason is None:
+        reason = trainer.run_epoch(progress["epoch"])
+    trainer.finish(reason or "epochs")
     cleanup()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Defaults)
-    common_options(p, REFERENCE_BATCH)  # every training lab's: --epochs, --lr, --resume, ... (dpcourse/options.py)
-    fashion_options(p)  # the FashionMNIST labs': --width, --train-images, --amp, --accumulate, ...
-    scaling_options(p)  # notebooks 07-08: --time-split, --comm-hook, --local-sgd, --bucket-cap-mb, ...
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"], help="auto: NCCL with a GPU per process, else gloo")
-    p.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait for a peer")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lars"], help="SGD with Nesterov momentum 0.9, AdamW or LARS")
-    p.add_argument("--no-ddp", action="store_true", help="one process without the DDP wrapper (overhead baseline)")
-    p.add_argument("--loader", default="memory", choices=["memory", "torchvision"], help="the whole split in memory, or a DataLoader of PIL images")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (--loader torchvision)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=options.Defaults)
+    options.common_options(p, REFERENCE_BATCH)  # every training lab's: --epochs, --lr, --resume...
+    options.ddp_options(p, timeout=60)  # the DDP labs': --backend, --timeout, --no-ddp
+    options.fashion_options(p)  # the FashionMNIST labs': --width, --train-images, --amp, ...
+    options.scaling_options(p)  # notebooks 07-08: --time-split, --comm-hook, --loader, ...
     return p.parse_args(argv)
 
 

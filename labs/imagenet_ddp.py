@@ -1,12 +1,13 @@
-"""Train a ResNet on ImageNet (or any ImageFolder tree, or its tar shards) with DistributedDataParallel.
+"""Train a ResNet on ImageNet (or an ImageFolder tree, or its tar shards) with DDP.
 
-    python -m dpcourse.data make-imagefolder data/imagenet-mini        # no ImageNet here? a small tree
+    python -m dpcourse.data make-imagefolder data/imagenet-mini    # no ImageNet here? a small tree
     torchrun --standalone --nproc-per-node 2 labs/imagenet_ddp.py \\
         --data-root data/imagenet-mini --arch resnet18 --image-size 64 --batch-size 16 --epochs 4
     torchrun --standalone --nproc-per-node 8 labs/imagenet_ddp.py \\
-        --data-root /shared/imagenet --stage-to "$TMPDIR/imagenet"     # one GPU node, ImageNet
-    torchrun --standalone --nproc-per-node 1 labs/imagenet_ddp.py --synthetic --max-steps 200
-    sbatch slurm/imagenet.sbatch                                       # several nodes
+        --data-root /shared/imagenet --stage-to "$TMPDIR/imagenet" # one GPU node, ImageNet
+    torchrun --standalone --nproc-per-node 1 labs/imagenet_ddp.py \
+        --synthetic --max-steps 200                                # the GPU's speed alone
+    sbatch slurm/imagenet.sbatch                                   # several nodes
 
 (Activate the course's environment first: source .venv/bin/activate.)
 
@@ -23,7 +24,6 @@ one step, where DDP averages the gradients; Trainer.save() is where rank 0 saves
 splits the data is made in main(); make_datasets() and dpcourse.images only read the images.
 """
 import argparse
-import os
 import time
 from datetime import timedelta
 from functools import partial
@@ -32,16 +32,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env, preemption, training
+from dpcourse import dist as ddp_env, options, preemption, training
 from dpcourse.images import batch_loader, image_dataset, normalize, stage, to_device
 from dpcourse.metrics import peak_tflops, train_flops
+from dpcourse.models import torchvision_model
 from dpcourse.optim import warmup_then_decay
-from dpcourse.options import Defaults, common_options, imagenet_options
 
 REFERENCE_BATCH = 256  # --lr is the learning rate for this global batch (Goyal et al.: 0.1 per 256)
 
@@ -53,7 +52,7 @@ def setup(args):
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
-    ddp_env.gpu_roll_call(env)  # on GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop here
+    ddp_env.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
     return env
 
 
@@ -90,11 +89,12 @@ def make_datasets(args, env):
         return None, None
     root = args.data_root
     if not root:
-        ddp_env.stop(env, "--data-root is missing: give the folder that holds train/ and val/ (ImageFolder "
-                     "or shards), or train on --synthetic images. To practise without ImageNet:\n"
+        ddp_env.stop(env, "--data-root is missing: give the folder that holds train/ and val/ "
+                     "(ImageFolder or shards), or train on --synthetic images. To practise "
+                     "without ImageNet:\n"
                      "    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini")
     if args.stage_to:
-        with ddp_env.rank0_first(local=True):  # DDP: one copy per node: local rank 0 copies, the rest wait
+        with ddp_env.rank0_first(local=True):  # DDP: one copy per node, by its local rank 0
             root = stage(root, args.stage_to)
     decode = args.decode_on == "workers"
     with ddp_env.rank0_first():  # DDP: a missing folder is said once, by rank 0
@@ -111,27 +111,18 @@ def evaluate(args, model, val_set, env, fmt, amp):
     batches = BatchSampler(mine, args.batch_size_eval, drop_last=False)
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1, top-5, count
     with torch.no_grad(), amp:
-        for batch in batch_loader(val_set, batches, args.workers, args.decode_on, env.device, preemption.ignore_in_worker):
+        for batch in batch_loader(val_set, batches, args.workers, args.decode_on, env.device,
+                                  preemption.ignore_in_worker):
             x, y = to_device(val_set, batch, args.decode_on, env.device, fmt)
             out = model(x).float()
             top1, top5 = correct_topk(out, y, (1, min(5, out.shape[1])))
-            totals += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(), top1, top5, len(y)],
-                                   dtype=torch.float64, device=env.device)
+            loss = F.cross_entropy(out, y, reduction="sum").item()
+            totals += totals.new_tensor([loss, top1, top5, len(y)])  # the same dtype and device
     dist.all_reduce(totals)  # DDP: the sums over every rank's share
     model.train()
     loss, top1, top5, count = totals.tolist()
     return {"test_loss": round(loss / count, 5), "test_accuracy": round(top1 / count, 5),
             "test_top5": round(top5 / count, 5), "test_images": int(count)}
-
-
-def make_model(args, classes, env, fmt):
-    """A torchvision model with the last BatchNorm of each residual block starting at zero (Goyal et al.)."""
-    if args.arch not in torchvision.models.list_models(torchvision.models):
-        ddp_env.stop(env, f"--arch {args.arch}: torchvision has no such model. Try resnet18, resnet50, "
-                     "resnext50_32x4d, ... (the names of torchvision.models.list_models()).")
-    extra = {"zero_init_residual": True} if args.arch.startswith(("resnet", "resnext", "wide_resnet")) else {}
-    model = torchvision.models.get_model(args.arch, weights=None, num_classes=classes, **extra)
-    return model.to(env.device, memory_format=fmt)
 
 
 def unwrap(model):
@@ -140,47 +131,41 @@ def unwrap(model):
 
 
 class Trainer:
-    """One rank's training loop. Every rank runs the same steps on its own batches; rank 0 also logs
-    and saves. ``progress`` (epoch, step, step in the epoch, seconds) is what a checkpoint resumes."""
+    """One rank's training loop: every rank runs the same steps on its own batches; rank 0 also
+    logs and saves. A checkpoint resumes ``progress`` (epoch, step, step in the epoch, seconds)."""
 
-    def __init__(self, args, env, model, opt, sched, precision, sampler, data, progress, log, caught, config):
+    def __init__(self, args, env, model, opt, sched, *, precision, sampler, batch, data, config,
+                 progress, log, caught):
         self.args, self.env, self.model, self.opt, self.sched = args, env, model, opt, sched
-        self.amp, self.scaler, self.fmt = precision.autocast, precision.scaler, precision.memory_format
-        self.sampler, self.progress, self.log, self.caught, self.config = sampler, progress, log, caught, config
-        self.train_set, self.val_set, self.fake = data  # (None, None, a random batch) with --synthetic
-        self.batch = config["global_batch"] // env.world_size
-        self.steps_per_epoch = len(sampler) // self.batch if sampler else args.synthetic_steps
+        self.amp, self.scaler, self.fmt, _ = precision  # autocast, loss scaling, channels_last
+        self.sampler, self.batch, self.config = sampler, batch, config
+        self.progress, self.log, self.caught = progress, log, caught
+        self.train_set, self.val_set, self.fake = data  # (None, None, a random batch): --synthetic
+        self.steps_per_epoch = len(sampler) // batch if sampler else args.synthetic_steps
         self.flops = train_flops(unwrap(model), args.image_size)  # per image, forward and backward
         self.peak = peak_tflops(env.device, args.peak_tflops)
-        self.window, self.tested = training.Window(env.device), {}  # since the last log record; the last test
-        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"], unit="step",
-                        desc="train", disable=ddp_env.bar_off(env.rank))  # DDP: a bar on rank 0 only
-
-    def train(self):
-        """Epochs until --epochs, or until a stop (a step limit, a target, a signal); returns why."""
-        stop = None
-        while self.progress["epoch"] < self.args.epochs and stop is None:
-            stop = self.run_epoch(self.progress["epoch"])
-        self.bar.close()
-        if self.window.steps:
-            self.window.seconds += time.perf_counter() - self.start
-        return stop or "epochs"
+        self.window, self.tested = training.Window(env.device), {}  # since the last record; a test
+        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
+                        unit="step", desc="train", disable=ddp_env.bar_off(env.rank))  # DDP: 0's
 
     def batches(self, epoch):
-        """This rank's batches of the epoch, from where a resumed run left off (--synthetic: one, again and again)."""
+        """This rank's batches of the epoch, from where a resumed run left off (--synthetic: one
+        batch, again and again)."""
         if self.train_set is None:
             return (self.fake for _ in range(self.progress["step_in_epoch"], self.steps_per_epoch))
         self.sampler.set_epoch(epoch)  # DDP: a new order each epoch, the same on every rank
         self.train_set.set_epoch(epoch)  # new random crops each epoch
-        batches = list(BatchSampler(self.sampler, self.batch, drop_last=True))[self.progress["step_in_epoch"]:]
-        data = batch_loader(self.train_set, batches, self.args.workers, self.args.decode_on, self.env.device,
-                            preemption.ignore_in_worker)  # the stop signal is the main process's to act on
-        return (to_device(self.train_set, batch, self.args.decode_on, self.env.device, self.fmt) for batch in data)
+        batches = BatchSampler(self.sampler, self.batch, drop_last=True)
+        batches = list(batches)[self.progress["step_in_epoch"]:]
+        args, device = self.args, self.env.device
+        data = batch_loader(self.train_set, batches, args.workers, args.decode_on, device,
+                            preemption.ignore_in_worker)  # signals: the main process acts on them
+        return (to_device(self.train_set, b, args.decode_on, device, self.fmt) for b in data)
 
     def run_epoch(self, epoch):
         """One pass over this rank's shard; why training stops, or None to go on."""
         p, ready = self.progress, time.perf_counter()
-        self.start = ready  # the window's clock: evaluation and checkpoints between epochs do not count
+        self.start = ready  # the window's clock: evaluations and checkpoints in between don't count
         for i, (x, y) in enumerate(self.batches(epoch), start=p["step_in_epoch"]):
             if self.train_set is None:
                 x = normalize(x).contiguous(memory_format=self.fmt)
@@ -188,26 +173,28 @@ class Trainer:
             self.window.add(self.run_step(x, y), self.batch, data_s=data_s)
             p.update(step=p["step"] + 1, step_in_epoch=i + 1)
             self.bar.update()
-            stop = self.after_step(i)
-            if stop:
+            if stop := self.after_step(i):
                 return stop
             ready = time.perf_counter()
         p.update(epoch=epoch + 1, step_in_epoch=0)
         if not (self.args.no_eval or self.args.synthetic):
-            self.tested = evaluate(self.args, unwrap(self.model), self.val_set, self.env, self.fmt, self.amp)
+            self.tested = evaluate(self.args, unwrap(self.model), self.val_set, self.env, self.fmt,
+                                   self.amp)
         rec = self.record("epoch")
         if self.env.rank == 0:  # DDP: one line per epoch, also where there is no bar (logs, CI)
-            print(f"epoch {epoch + 1}: {training.top5_summary(rec)}, {rec['elapsed_s']:.1f} s", flush=True)
+            print(f"epoch {p['epoch']}: {training.top5_summary(rec)}, {rec['elapsed_s']:.1f} s",
+                  flush=True)
         self.save()
         target = self.args.target_accuracy
-        return "target_accuracy" if target and self.tested and self.tested["test_accuracy"] >= target else None
+        reached = target and self.tested and self.tested["test_accuracy"] >= target
+        return "target_accuracy" if reached else None
 
     def run_step(self, x, y):
         """One optimizer step on this rank's batch."""
         with self.amp:
             loss = F.cross_entropy(self.model(x), y, label_smoothing=self.args.label_smoothing)
         self.opt.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()  # DDP: gradients are averaged across ranks while backward runs
+        self.scaler.scale(loss).backward()  # DDP: the gradients are averaged during backward
         self.scaler.step(self.opt)
         self.scaler.update()
         self.sched.step()
@@ -226,7 +213,7 @@ class Trainer:
                 self.bar.set_postfix(img_s=rec["samples_per_s"], loss=rec["train_loss"])
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
-        # DDP: every rank stops after the same step (a signal on one rank, rank 0's clock: one all-reduce)
+        # DDP: all ranks stop after the same step (an all-reduce: a signal anywhere, rank 0's clock)
         return training.should_stop(args, step, self.log.elapsed(), self.caught, self.env.device)
 
     def record(self, event, **fields):
@@ -235,30 +222,39 @@ class Trainer:
         loss_sum = self.window.loss.clone()
         dist.all_reduce(loss_sum)  # DDP: the sum of every rank's losses
         step = self.progress["step"]
-        figures = self.window.take(loss_sum.item(), self.env.world_size, whole_run=event == "done", data_wait=True)
-        per_worker = figures["samples_per_s_per_worker"]
-        return self.log.write(event, epoch=round(step / self.steps_per_epoch, 4), step=step, **figures,
-                              mfu=round(per_worker * self.flops / (self.peak * 1e12), 4) if per_worker and self.peak else None,
-                              lr=round(self.sched.get_last_lr()[0], 7),
+        figures = self.window.take(loss_sum.item(), self.env.world_size, whole_run=event == "done",
+                                   data_wait=True)
+        per_worker, peak = figures["samples_per_s_per_worker"], self.peak
+        mfu = round(per_worker * self.flops / (peak * 1e12), 4) if per_worker and peak else None
+        return self.log.write(event, epoch=round(step / self.steps_per_epoch, 4), step=step,
+                              **figures, mfu=mfu, lr=round(self.sched.get_last_lr()[0], 7),
                               **(self.tested if event in ("epoch", "done") else {}), **fields)
 
     def save(self):
         """CHECKPOINT_DIR/last.pt (--checkpoint-dir): everything a resumed run needs."""
         if not self.args.checkpoint_dir:
             return
-        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on from
+        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on
         if self.env.rank == 0:  # DDP: one writer; every replica holds the same weights
-            training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", self.config, model=unwrap(self.model),
-                                     optimizer=self.opt, scheduler=self.sched, scaler=self.scaler, progress=self.progress)
+            training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", self.config,
+                                     model=unwrap(self.model), optimizer=self.opt,
+                                     scheduler=self.sched, scaler=self.scaler,
+                                     progress=self.progress)
 
     def finish(self, stop):
         """The last evaluation, log record and checkpoint; rank 0 reports."""
         args, env = self.args, self.env
-        if stop not in ("epochs", "signal") and self.progress["step_in_epoch"] and not (args.no_eval or args.synthetic):
-            self.tested = evaluate(args, unwrap(self.model), self.val_set, env, self.fmt, self.amp)  # mid-epoch
+        self.bar.close()
+        if self.window.steps:
+            self.window.seconds += time.perf_counter() - self.start
+        testing = not (args.no_eval or args.synthetic)
+        if stop not in ("epochs", "signal") and self.progress["step_in_epoch"] and testing:
+            # stopped mid-epoch: test what we have
+            self.tested = evaluate(args, unwrap(self.model), self.val_set, env, self.fmt, self.amp)
         final = self.record("done", stop=stop, flops_per_image=self.flops)
         if env.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
-            print(f"step {final['step']}: {training.top5_summary(final)}, {final['elapsed_s']:.1f} s ({stop})", flush=True)
+            print(f"step {final['step']}: {training.top5_summary(final)}, "
+                  f"{final['elapsed_s']:.1f} s ({stop})", flush=True)
             if args.save_model:
                 torch.save(unwrap(self.model).state_dict(), args.save_model)
         self.save()
@@ -270,18 +266,16 @@ class Trainer:
 
 
 def main(args):
-    caught = preemption.catch()  # SIGUSR1 (a job's time-limit warning) and SIGTERM: stop after a step, saved
+    caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    device, stop = env.device, partial(ddp_env.stop, env)  # stop(message): rank 0 says what to do, all exit
-    batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: per worker × world size = global
-    training.check_options(args, world_size, batch, stop)  # e.g. --no-ddp on two ranks: one line, then exit
-    if args.deterministic:  # the same kernels every run: a resumed run equals an uninterrupted one
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)  # CUDA's avg-pool backward has no such kernel
-    torch.backends.cudnn.benchmark = not args.deterministic  # else: the fastest convolution per shape
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's anyway)
-    precision = training.mixed_precision(args.amp, args.channels_last, device)  # --amp, --channels-last
+    device, stop = env.device, partial(ddp_env.stop, env)  # stop(why): rank 0 says it, all exit
+    batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: × world size
+    training.check_options(args, world_size, batch, stop)  # e.g. --no-ddp on two ranks
+    training.deterministic(args.deterministic, warn_only=True)  # resumed = uninterrupted
+    torch.backends.cudnn.benchmark = not args.deterministic  # else: the fastest kernel per shape
+    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP copies rank 0's anyway)
+    precision = training.mixed_precision(args.amp, args.channels_last, device)  # --amp, ...
 
     train_set, val_set = make_datasets(args, env)
     sampler, fake = None, None
@@ -294,54 +288,60 @@ def main(args):
                  "give a smaller --batch-size, or more images.")
     else:  # --synthetic: one random batch, made on the device, used again and again
         steps_per_epoch, classes = args.synthetic_steps, args.classes
-        fake = (torch.randint(0, 256, (batch, 3, args.image_size, args.image_size), dtype=torch.uint8, device=device),
+        size = (batch, 3, args.image_size, args.image_size)
+        fake = (torch.randint(0, 256, size, dtype=torch.uint8, device=device),
                 torch.randint(0, classes, (batch,), device=device))
 
-    model = make_model(args, classes, env, precision.memory_format)
-    lr = {"none": args.lr, "linear": args.lr * global_batch / REFERENCE_BATCH,  # --lr is REFERENCE_BATCH's rate
+    # a torchvision model, the last BatchNorm of each residual block starting at zero (Goyal et al.)
+    model = torchvision_model(args.arch, classes, stop)
+    model = model.to(device, memory_format=precision.memory_format)
+    lr = {"none": args.lr, "linear": args.lr * global_batch / REFERENCE_BATCH,
           "sqrt": args.lr * (global_batch / REFERENCE_BATCH) ** 0.5}[args.lr_scaling]
     opt = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=0.9)
     total, warmup = args.epochs * steps_per_epoch, round(args.warmup_epochs * steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup, decay="cosine"))
     config = {"arch": args.arch, "classes": classes, "image_size": args.image_size,
               "world_size": world_size, "global_batch": global_batch}  # what a resume must match
-    progress = training.resume(args, config, stop, device,  # DDP: every rank loads the same checkpoint
-                               model=model, optimizer=opt, scheduler=sched, scaler=precision.scaler)
+    # DDP: every rank loads the same checkpoint (--resume), so that the replicas go on alike
+    progress = training.resume(args, config, stop, device, model=model, optimizer=opt,
+                               scheduler=sched, scaler=precision.scaler)
     if progress is None:  # --resume names the checkpoint of a finished run: nothing to do
         return cleanup()
     if not args.no_ddp:
-        model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: averaged gradients
+        model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: the wrap
 
-    log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs; the others write nothing
-                            args, progress, steps_per_epoch, world_size=world_size, global_batch=global_batch, arch=args.arch,
-                            image_size=args.image_size, peak_lr=lr, amp=precision.amp,
+    log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs, no one else
+                            args, progress, steps_per_epoch, world_size=world_size,
+                            global_batch=global_batch, arch=args.arch, image_size=args.image_size,
+                            peak_lr=lr, amp=precision.amp,
                             channels_last=precision.memory_format == torch.channels_last,
                             data="synthetic" if args.synthetic else type(train_set).__name__,
                             decode_on=args.decode_on, workers=args.workers, device=str(device))
     if rank == 0:  # DDP: one rank talks
-        print(f"{args.arch}: {world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} "
-              f"steps per epoch, {env.backend} on {device}, amp {log.common['amp']}, channels_last "
-              f"{log.common['channels_last']}" + (f", resumed at step {progress['step']}" if progress["step"] else ""),
+        resumed = f", resumed at step {progress['step']}" if progress["step"] else ""
+        print(f"{args.arch}: {world_size} × {batch} = global batch {global_batch}, lr {lr:g}, "
+              f"{steps_per_epoch} steps per epoch, {env.backend} on {device}, amp "
+              f"{log.common['amp']}, channels_last {log.common['channels_last']}{resumed}",
               flush=True)
-        if args.warmup_epochs >= args.epochs:
-            print(f"note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: the rate climbs "
-                  f"all the run towards {lr:g} and never decays. Give fewer warm-up epochs (Goyal et al.: 5 of 90).",
-                  flush=True)
-    trainer = Trainer(args, env, model, opt, sched, precision, sampler, (train_set, val_set, fake), progress, log,
-                      caught, config)
-    trainer.finish(trainer.train())
+        training.warmup_note(args, lr)  # when --warmup-epochs is not below --epochs
+    trainer = Trainer(args, env, model, opt, sched, precision=precision, sampler=sampler,
+                      batch=batch, data=(train_set, val_set, fake), config=config,
+                      progress=progress, log=log, caught=caught)
+    reason = None  # why training stops early: a step limit, a target accuracy, a signal
+    while progress["epoch"] < args.epochs and reason is None:
+        reason = trainer.run_epoch(progress["epoch"])
+    trainer.finish(reason or "epochs")
     cleanup()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Defaults)
-    # every training lab's --epochs, --lr, --resume, ... (dpcourse/options.py), with Goyal et al.'s recipe
-    common_options(p, REFERENCE_BATCH, epochs=90, global_batch_size=256, lr=0.1, lr_scaling="linear",
-                   warmup_epochs=5, weight_decay=1e-4, log_every=20)
-    imagenet_options(p)  # --arch, --image-size, --amp, --synthetic, --stage-to, --workers, ...
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"], help="auto: NCCL with a GPU per process, else gloo")
-    p.add_argument("--no-ddp", action="store_true", help="one process without the DDP wrapper (overhead baseline)")
-    p.add_argument("--timeout", type=float, default=120, help="seconds a collective may wait for a peer")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=options.Defaults)
+    # every training lab's (dpcourse/options.py) --epochs, --lr, ..., with Goyal et al.'s recipe
+    options.common_options(p, REFERENCE_BATCH, epochs=90, global_batch_size=256, lr=0.1,
+                           lr_scaling="linear", warmup_epochs=5, weight_decay=1e-4, log_every=20)
+    options.ddp_options(p, timeout=120)  # the DDP labs': --backend, --timeout, --no-ddp
+    options.imagenet_options(p)  # --arch, --image-size, --amp, --synthetic, --stage-to, ...
     return p.parse_args(argv)
 
 

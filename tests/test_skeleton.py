@@ -1,7 +1,8 @@
-"""One skeleton for the labs, kept aligned (issue 27, item 3): every lab's ``setup()`` and ``cleanup()`` are
-the course's own, line for line, or the lab is named below with the reason it differs; a lab without them
-is named too. A reason that no longer holds (the lab has come back to the skeleton, or left the course) fails
-as well, so the list cannot go stale. Reads the labs' text (ast): no lab is imported or run."""
+"""One skeleton for the labs, kept aligned (issue 27, item 3): every lab's ``setup()`` and
+``cleanup()`` are the course's own, line for line, or the lab is named below with the reason it
+differs; a lab without them is named too. A reason that no longer holds (the lab has come back to
+the skeleton, or left the course) fails as well, so the list cannot go stale. Reads the labs' text
+(ast): no lab is imported or run."""
 import argparse
 import ast
 
@@ -17,28 +18,36 @@ LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 SETUP = """env = ddp_env.prepare(backend=args.backend, device=args.device)
 if env.device.type == 'cuda':
     torch.cuda.set_device(env.device)
-dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=args.timeout))
+dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, \
+timeout=timedelta(seconds=args.timeout))
 return env"""
 CLEANUP = "dist.destroy_process_group()"
 
 # lab: why its setup() differs from the skeleton's
 SETUP_DIFFERS = {
-    "collectives_tour.py": "gloo's collectives run on CPU tensors even where GPUs are: device cpu with --backend gloo",
+    "collectives_tour.py": "gloo's collectives run on CPU tensors even where GPUs are: device cpu "
+                           "with --backend gloo",
     "probe_collectives.py": "the same: device cpu with --backend gloo, a GPU only for NCCL",
     "comm_patterns.py": "the same: device cpu with --backend gloo, a GPU only for NCCL",
     "compose_allreduce.py": "the same: device cpu with --backend gloo, a GPU only for NCCL",
-    "fashion_ddp.py": "a training lab: the skeleton, then the roll call of each rank's GPU (gpu_roll_call)",
-    "imagenet_ddp.py": "a training lab: the skeleton, then the roll call of each rank's GPU (gpu_roll_call)",
-    "fashion_horovod.py": "Horovod's own set-up: hvd.init() instead of a process group, its fusion threshold first",
-    "io_race.py": "a race for files: gloo on the CPU whatever the machine has, no options for either",
+    "fashion_ddp.py": "a training lab: the skeleton, then the roll call of each rank's GPU "
+                      "(gpu_roll_call)",
+    "imagenet_ddp.py": "a training lab: the skeleton, then the roll call of each rank's GPU "
+                       "(gpu_roll_call)",
+    "fashion_horovod.py": "Horovod's own set-up: hvd.init() instead of a process group, its fusion "
+                          "threshold first",
+    "io_race.py": "a race for files: gloo on the CPU whatever the machine has, no options for "
+                  "either",
 }
 # lab: why its cleanup() differs
 CLEANUP_DIFFERS = {
-    "fsdp_fashion.py": "a barrier first: no rank leaves while FSDP's background collectives of another still run",
+    "fsdp_fashion.py": "a barrier first: no rank leaves while FSDP's background collectives of "
+                       "another still run",
 }
 # lab: why it has no setup() and cleanup() of its own
 WITHOUT = {
-    "ddp_tour.py": "a tour of process groups: it joins and leaves groups itself, several times, to show how",
+    "ddp_tour.py": "a tour of process groups: it joins and leaves groups itself, several times, to "
+                   "show how",
     "sweep.py": "runs fashion_ddp.main once per configuration, in one launch: that lab's set-up",
     "fashion_horovod.py": "(cleanup only) hvd.shutdown() in main, after the last collective",
 }
@@ -48,7 +57,8 @@ def _body(path, name):
     """The function's statements as ast.unparse writes them (its docstring left out), or None."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
-            body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            body = [s for s in node.body
+                    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
             return ast.unparse(ast.Module(body=body, type_ignores=[]))
     return None
 
@@ -73,16 +83,19 @@ def test_every_lab_keeps_the_skeleton_or_says_why_not(name, skeleton, differs):
         elif body == skeleton and path.name in differs:
             stale.append(path.name)
     gone = sorted(set(differs) - {p.name for p in LABS})
-    assert not wrong, f"{name}() differs from the skeleton's in these labs; align it, or say why in the test:\n" + \
-        "\n\n".join(wrong)
+    assert not wrong, (f"{name}() differs from the skeleton's in these labs; align it, or say why "
+                       f"in the test:\n" + "\n\n".join(wrong))
     assert not missing, f"labs without a {name}(): add one, or say why in WITHOUT: {missing}"
-    assert not stale and not gone, f"reasons that no longer hold: back to the skeleton {stale}, no such lab {gone}"
+    assert not stale and not gone, \
+        f"reasons that no longer hold: back to the skeleton {stale}, no such lab {gone}"
 
 
 def test_every_lab_without_the_skeleton_still_lacks_it():
     """A lab named in WITHOUT that has the functions now should leave the list."""
-    has = {path.name for path in LABS if _body(path, "setup") is not None and _body(path, "cleanup") is not None}
-    assert not has & set(WITHOUT), f"these labs have setup() and cleanup() now: {sorted(has & set(WITHOUT))}"
+    has = {path.name for path in LABS
+           if _body(path, "setup") is not None and _body(path, "cleanup") is not None}
+    assert not has & set(WITHOUT), \
+        f"these labs have setup() and cleanup() now: {sorted(has & set(WITHOUT))}"
     assert set(WITHOUT) <= {p.name for p in LABS}, sorted(set(WITHOUT) - {p.name for p in LABS})
 
 
@@ -91,30 +104,38 @@ TRAINING = ("fashion_ddp.py", "fashion_horovod.py", "imagenet_ddp.py")
 # option: why the training labs that have it may give it other defaults (choices must still agree)
 RECIPE_DEFAULTS = {
     "--epochs": "each data set's recipe: FashionMNIST's few epochs, ImageNet's 90 (Goyal et al.)",
-    "--global-batch-size": "each recipe's reference batch: 128 here, Goyal et al.'s 256 for ImageNet",
+    "--global-batch-size": "each recipe's reference batch: 128 here, Goyal et al.'s 256 for "
+                           "ImageNet",
     "--lr": "the rate of each recipe's reference batch",
-    "--lr-scaling": "notebook 08 starts from none (its exercise is the rule); ImageNet's recipe is linear",
-    "--warmup-epochs": "Goyal et al.'s 5 of 90 epochs for ImageNet; a fraction of an epoch for FashionMNIST",
+    "--lr-scaling": "notebook 08 starts from none (its exercise is the rule); ImageNet's recipe is "
+                    "linear",
+    "--warmup-epochs": "Goyal et al.'s 5 of 90 epochs for ImageNet; a fraction of an epoch for "
+                       "FashionMNIST",
     "--weight-decay": "each recipe's: Goyal et al.'s 1e-4 for ImageNet",
     "--workers": "JPEG decoding needs more workers per rank than FashionMNIST's torchvision loader",
     "--log-every": "an ImageNet step takes far longer: a record every 20 steps, not 50",
-    "--timeout": "ImageNet's first collectives wait for node-local staging and larger steps: 120 s, not 60",
+    "--timeout": "ImageNet's first collectives wait for node-local staging and larger steps: "
+                 "120 s, not 60",
 }
 # option: why the labs that have it may take other choices (or a flag in one, a choice in another)
 OTHER_CHOICES = {
-    "--amp": "FashionMNIST's labs: bfloat16 autocast on or off (a flag); ImageNet's recipe picks the precision "
-             "per GPU, fp16 with loss scaling (a choice)",
-    "--optimizer": "LARS is notebook 08's, in the DDP lab only; the Horovod lab (notebook 11) takes SGD and AdamW",
+    "--amp": "FashionMNIST's labs: bfloat16 autocast on or off (a flag); ImageNet's recipe picks "
+             "the precision per GPU, fp16 with loss scaling (a choice)",
+    "--optimizer": "LARS is notebook 08's, in the DDP lab only; the Horovod lab (notebook 11) "
+                   "takes SGD and AdamW",
 }
 
 
 def lab_parser(path) -> argparse.ArgumentParser:
-    """The lab's own parser: its parse_args() is taken from its text (ast) and run against dpcourse.options,
-    so that the Horovod lab needs no Horovod. The options dpcourse.options adds count as the lab's."""
+    """The lab's own parser: its parse_args() is taken from its text (ast) and run against
+    dpcourse.options, so that the Horovod lab needs no Horovod. The options dpcourse.options adds
+    count as the lab's."""
     tree = ast.parse(path.read_text())
-    namespace = {"argparse": argparse, "__doc__": "a lab", **vars(options), "REFERENCE_BATCH": REFERENCE_BATCH}
+    namespace = {"argparse": argparse, "__doc__": "a lab", **vars(options), "options": options,
+                 "REFERENCE_BATCH": REFERENCE_BATCH}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["REFERENCE_BATCH"]:
+        if (isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["REFERENCE_BATCH"]):
             namespace["REFERENCE_BATCH"] = ast.literal_eval(node.value)
         if isinstance(node, ast.FunctionDef) and node.name == "parse_args":
             exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
@@ -125,12 +146,15 @@ def lab_parser(path) -> argparse.ArgumentParser:
 
 
 def _options(path):
-    """{--option: {"default": ..., "choices": ..., "action": ..., "type": ...}} of the lab's parser."""
+    """{--option: {"default": ..., "choices": ..., "action": ..., "type": ...}} of the lab's
+    parser."""
     out = {}
     for action in lab_parser(path)._actions:
-        if action.option_strings and action.option_strings[0].startswith("--") and action.dest != "help":
+        if (action.option_strings and action.option_strings[0].startswith("--")
+                and action.dest != "help"):
             out[action.option_strings[0]] = {"default": action.default, "choices": action.choices,
-                                             "action": type(action).__name__, "type": getattr(action.type, "__name__", None)}
+                                             "action": type(action).__name__,
+                                             "type": getattr(action.type, "__name__", None)}
     return out
 
 
@@ -148,8 +172,9 @@ class _Capture:
 
 
 def test_the_training_labs_share_their_options_names_choices_and_defaults():
-    """An option two training labs share has the same kind (flag or value), choices and default in both,
-    unless it is named above with its reason; a reason for an option they no longer share fails."""
+    """An option two training labs share has the same kind (flag or value), choices and default in
+    both, unless it is named above with its reason; a reason for an option they no longer share
+    fails."""
     options = {name: _options(ROOT / "solutions" / "labs" / name) for name in TRAINING}
     assert all(len(o) > 20 for o in options.values()), {name: len(o) for name, o in options.items()}
     drift, shared = [], set()
@@ -170,17 +195,20 @@ def test_the_training_labs_share_their_options_names_choices_and_defaults():
     assert not stale, f"reasons for options the training labs no longer share: {stale}"
 
 
-# ---------------------------------------------------------------- the training labs read in one sitting
+# ------------------------------------------------------------ the training labs read in one sitting
 # Issue 27, item 1: main() at most 80 lines, no other function over 60, the file at most 350 lines.
 MAIN_LINES, FUNCTION_LINES, FILE_LINES = 80, 60, 350
 # The lessons that stay in each training lab, as calls (tokens of code, strings and comments aside).
 LESSONS = {
-    "fashion_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(", "DistributedSampler(",
-                       ".set_epoch(", "dist.all_reduce(", ".no_sync(", "dist.destroy_process_group(", "rank == 0"),
-    "imagenet_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(", "DistributedSampler(",
-                        ".set_epoch(", "dist.all_reduce(", "dist.destroy_process_group(", "rank == 0"),
-    "fashion_horovod.py": ("hvd.init(", "torch.cuda.set_device(", "hvd.DistributedOptimizer(", "DistributedSampler(",
-                           ".set_epoch(", "hvd.allreduce(", "hvd.broadcast_parameters(",
+    "fashion_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(",
+                       "DistributedSampler(", ".set_epoch(", "dist.all_reduce(", ".no_sync(",
+                       "dist.destroy_process_group(", "rank == 0"),
+    "imagenet_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(",
+                        "DistributedSampler(", ".set_epoch(", "dist.all_reduce(",
+                        "dist.destroy_process_group(", "rank == 0"),
+    "fashion_horovod.py": ("hvd.init(", "torch.cuda.set_device(", "hvd.DistributedOptimizer(",
+                           "DistributedSampler(", ".set_epoch(", "hvd.allreduce(",
+                           "hvd.broadcast_parameters(",
                            "hvd.broadcast_optimizer_state(", "hvd.shutdown(", "rank == 0"),
 }
 
@@ -200,18 +228,20 @@ def _code(path):
 def test_the_training_labs_read_in_one_sitting(name):
     path = ROOT / "solutions" / "labs" / name
     text = path.read_text()
-    assert len(text.splitlines()) <= FILE_LINES, f"{name}: {len(text.splitlines())} lines, more than {FILE_LINES}"
+    assert len(text.splitlines()) <= FILE_LINES, \
+        f"{name}: {len(text.splitlines())} lines, more than {FILE_LINES}"
     long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(text))
             if isinstance(node, ast.FunctionDef)}
-    assert long.get("main", 0) <= MAIN_LINES, f"{name}: main() is {long['main']} lines, more than {MAIN_LINES}"
+    assert long.get("main", 0) <= MAIN_LINES, \
+        f"{name}: main() is {long['main']} lines, more than {MAIN_LINES}"
     over = {f: n for f, n in long.items() if f != "main" and n > FUNCTION_LINES}
     assert not over, f"{name}: functions over {FUNCTION_LINES} lines: {over}"
 
 
 @pytest.mark.parametrize("name", TRAINING)
 def test_the_lessons_stay_in_the_training_labs(name):
-    """What a learner comes to read is a call in the lab itself, not in dpcourse (the marks test holds
-    each one to its `# DDP:` / `# Horovod:` reason)."""
+    """What a learner comes to read is a call in the lab itself, not in dpcourse (the marks test
+    holds each one to its `# DDP:` / `# Horovod:` reason)."""
     code = _code(ROOT / "solutions" / "labs" / name)
     missing = [call for call in LESSONS[name] if call.replace(" ", "") not in code.replace(" ", "")]
     assert not missing, f"{name} no longer makes these calls itself: {missing}"

@@ -1,12 +1,13 @@
-"""Train the course CNN on FashionMNIST with Horovod: the DDP lab, line for line, in Horovod's form.
+"""Train the course CNN on FashionMNIST with Horovod: the DDP lab, line for line, in its form.
 
-    horovodrun -np 2 python solutions/labs/fashion_horovod.py          # two processes here (gloo or MPI)
-    horovodrun --gloo -np 2 python solutions/labs/fashion_horovod.py   # gloo: no MPI needed
-    mpirun -np 2 python solutions/labs/fashion_horovod.py              # two Open MPI ranks (as root: --allow-run-as-root)
-    srun --mpi=pmix python solutions/labs/fashion_horovod.py           # Slurm tasks (slurm/horovod.sbatch)
-    python solutions/labs/fashion_horovod.py                           # one process
+    horovodrun -np 2 python solutions/labs/fashion_horovod.py         # two processes (gloo or MPI)
+    horovodrun --gloo -np 2 python solutions/labs/fashion_horovod.py  # gloo: no MPI needed
+    mpirun -np 2 python solutions/labs/fashion_horovod.py             # two Open MPI ranks (*)
+    srun --mpi=pmix python solutions/labs/fashion_horovod.py          # Slurm (slurm/horovod.sbatch)
+    python solutions/labs/fashion_horovod.py                          # one process
 
-(Activate the course's environment first: source .venv/bin/activate; `make horovod` builds Horovod.)
+(*) as root: mpirun --allow-run-as-root. Activate the course's environment first: source
+.venv/bin/activate; `make horovod` builds Horovod.
 
 The same model, options, checkpoints and JSON log as solutions/labs/fashion_ddp.py, so the two
 runs can be plotted together (notebook 11). Where DDP wraps the model, Horovod wraps the
@@ -30,16 +31,16 @@ import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import CourseError, dist as ddp_env, preemption, training
+from dpcourse import CourseError, dist as ddp_env, options, preemption, training
 from dpcourse.data import InMemoryFashionMNIST
 from dpcourse.models import FashionCNN
 from dpcourse.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
-from dpcourse.options import Defaults, common_options, fashion_options
 
 
 def stop(message):
     """End the run with one line from rank 0; the other ranks exit quietly (dpcourse.dist.stop)."""
-    ddp_env.stop(ddp_env.DistEnv(rank=hvd.rank(), world_size=hvd.size()), message)  # Horovod: rank 0 says it
+    # Horovod: rank 0 says it
+    ddp_env.stop(ddp_env.DistEnv(rank=hvd.rank(), world_size=hvd.size()), message)
 
 
 def largest(tensor, name="largest"):
@@ -53,13 +54,15 @@ def setup(args):
         # Horovod: Tensor Fusion packs ready gradients into one buffer of up to this many bytes
         # (DDP: bucket_cap_mb); hvd.init() reads it once.
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
-    hvd.init()  # Horovod: rank and size from horovodrun (gloo) or from MPI (mpirun, srun --mpi=pmix)
-    ddp_env.explain_errors()  # an unfinished exercise, a lost peer: one line, not a traceback per rank
-    # cuda:LOCAL_RANK when this process sees all of the node's GPUs, cuda:0 when srun bound it one (--gpus-per-task=1)
+    hvd.init()  # Horovod: rank and size from horovodrun (gloo) or MPI (mpirun, srun --mpi=pmix)
+    ddp_env.explain_errors()  # an unfinished exercise, a lost peer: one line, not one per rank
     # Horovod: this process's ranks and sizes, as Horovod found them
-    where = ddp_env.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), ddp_env.env_info().launcher)
+    where = ddp_env.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
+                            ddp_env.env_info().launcher)
+    # cuda:LOCAL_RANK when this process sees all of the node's GPUs, cuda:0 when srun bound it
+    # one (--gpus-per-task=1); the backend is Horovod's: only the device counts
     try:
-        placed = ddp_env.placement("gloo", args.device, where)  # (the backend is Horovod's: only the device counts)
+        placed = ddp_env.placement("gloo", args.device, where)
     except CourseError as err:
         stop(err.message)
     if placed.note and hvd.local_rank() == 0:  # Horovod: one note per node, from its first rank
@@ -67,15 +70,16 @@ def setup(args):
     if placed.device.type == "cuda":
         torch.cuda.set_device(placed.device)  # Horovod: one GPU per process
     # on GPUs: rank 0 lists each rank's GPU (gathered by Horovod); two ranks on one GPU stop here
-    ddp_env.gpu_roll_call(dataclasses.replace(where, device=placed.device), gather=hvd.allgather_object)
+    ddp_env.gpu_roll_call(dataclasses.replace(where, device=placed.device),
+                          gather=hvd.allgather_object)
     return placed.device
 
 
 def scaled_lr(args, global_batch):
-    """The learning rate for this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
+    """The learning rate of this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
     if args.lr_scaling == "none":
         return args.lr
-    ratio = global_batch / REFERENCE_BATCH  # Horovod: its examples scale by hvd.size(): the same rule
+    ratio = global_batch / REFERENCE_BATCH  # Horovod: its examples scale by hvd.size(): the same
     return args.lr * (ratio if args.lr_scaling == "linear" else math.sqrt(ratio))
 
 
@@ -90,7 +94,8 @@ def evaluate(model, test_set, device, dtype=torch.float32, batch=1000):
             x, y = test_set[idx]
             out = model(x.to(dtype))
             totals += torch.stack([F.cross_entropy(out.float(), y, reduction="sum").double(),
-                                   (out.argmax(1) == y).sum().double(), torch.tensor(len(y), device=device).double()])
+                                   (out.argmax(1) == y).sum().double(),
+                                   torch.tensor(len(y), device=device).double()])
     ### BEGIN SOLUTION (hint: sum the three totals over all ranks with one Horovod collective; it returns a new tensor)
     totals = hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")  # Horovod: the global sums
     ### END SOLUTION
@@ -100,29 +105,23 @@ def evaluate(model, test_set, device, dtype=torch.float32, batch=1000):
 
 
 class Trainer:
-    """One rank's training loop. Every rank runs the same steps on its own batches; rank 0 also logs
-    and saves. ``progress`` (epoch, step, step in the epoch, seconds) is what a checkpoint resumes."""
+    """One rank's training loop: every rank runs the same steps on its own batches; rank 0 also
+    logs and saves. A checkpoint resumes ``progress`` (epoch, step, step in the epoch, seconds)."""
 
-    def __init__(self, args, model, opt, sched, sampler, train_set, test_set, progress, log, caught):
+    def __init__(self, args, model, opt, sched, *, sampler, batch, train_set, test_set, config,
+                 progress, log, caught):
         self.args, self.model, self.opt, self.sched, self.sampler = args, model, opt, sched, sampler
-        self.train_set, self.test_set, self.progress, self.log, self.caught = train_set, test_set, progress, log, caught
+        self.batch, self.train_set, self.test_set = batch, train_set, test_set
+        self.config, self.progress, self.log, self.caught = config, progress, log, caught
         self.rank, self.size = hvd.rank(), hvd.size()  # Horovod: who am I, how many are we?
-        self.batch = progress["global_batch"] // self.size  # this worker's share
-        self.steps_per_epoch = len(sampler) // self.batch
+        self.steps_per_epoch = len(sampler) // batch
         self.device, self.dtype = next(model.parameters()).device, next(model.parameters()).dtype
         self.amp = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=args.amp)
         self.window = training.Window(self.device)  # loss and throughput since the last log record
         self.last_eval, self.test_images = {"test_accuracy": None, "test_loss": None}, None
-        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"], unit="step",
-                        desc="train", disable=ddp_env.bar_off(self.rank))  # Horovod: a bar on rank 0 only
-
-    def train(self):
-        """Epochs until --epochs, or until a stop (a step limit, a target, a signal); returns why."""
-        stop = None
-        while self.progress["epoch"] < self.args.epochs and stop is None:
-            stop = self.run_epoch(self.progress["epoch"])
-        self.bar.close()
-        return stop or "epochs"
+        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
+                        unit="step", desc="train",
+                        disable=ddp_env.bar_off(self.rank))  # Horovod: a bar on rank 0 only
 
     def run_epoch(self, epoch):
         """One pass over this rank's shard; why training stops, or None to go on."""
@@ -137,20 +136,21 @@ class Trainer:
                 continue
             x, y = self.train_set[torch.as_tensor(idx, device=self.device)]
             if i == 0 and self.rank == 0:  # epoch = step / steps per epoch
-                self.log.write("epoch_start", epoch=epoch, step=p["step"], first_labels=y[:8].tolist())
+                self.log.write("epoch_start", epoch=epoch, step=p["step"],
+                               first_labels=y[:8].tolist())
             loss = self.run_step(x.to(self.device, self.dtype), y)
             self.window.add(loss, self.batch, time.perf_counter() - start)
             p.update(epoch=epoch, step=p["step"] + 1, step_in_epoch=i + 1)
             self.bar.update()
-            stop = self.after_step(i)
-            if stop:
+            if stop := self.after_step(i):
                 return stop
             start = time.perf_counter()
         p.update(epoch=epoch + 1, step_in_epoch=0)
         stop = self.test()
         rec = self.record("epoch", test_images=self.test_images)
         if self.rank == 0:  # Horovod: one line per epoch, also where there is no bar (logs, CI)
-            print(f"epoch {epoch + 1}: {training.tested(rec)}, {rec['elapsed_s']:.1f} s", flush=True)
+            print(f"epoch {p['epoch']}: {training.tested(rec)}, {rec['elapsed_s']:.1f} s",
+                  flush=True)
         self.save()
         return stop
 
@@ -158,15 +158,15 @@ class Trainer:
         """One optimizer step on this rank's batch; --accumulate splits it into micro-batches."""
         self.opt.zero_grad()  # (Horovod 0.28 takes no set_to_none; None is torch 2's default)
         for xm, ym in zip(x.chunk(self.args.accumulate), y.chunk(self.args.accumulate)):
-            with self.amp:
-                loss = F.cross_entropy(self.model(xm), ym) / self.args.accumulate  # the mean over the whole batch
+            with self.amp:  # /accumulate: the mean over the whole batch
+                loss = F.cross_entropy(self.model(xm), ym) / self.args.accumulate
             loss.backward()  # Horovod: each gradient's allreduce starts as soon as it is ready
         self.opt.step()  # Horovod: waits for the averaged gradients, then steps
         self.sched.step()
         return loss.detach().float() * self.args.accumulate
 
     def after_step(self, i):
-        """A checkpoint, an evaluation or a log record, when one is due; why training stops, or None."""
+        """A checkpoint, evaluation or log record when one is due; why training stops, or None."""
         args, step = self.args, self.progress["step"]
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
@@ -176,11 +176,12 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
-        # Horovod: every rank stops after the same step (a signal on one rank, rank 0's clock: one allreduce)
-        return stop or training.should_stop(args, step, self.log.elapsed(), self.caught, largest=largest)
+        # Horovod: all ranks stop after the same step (allreduce: a signal anywhere, rank 0's clock)
+        elapsed = self.log.elapsed()
+        return stop or training.should_stop(args, step, elapsed, self.caught, largest=largest)
 
     def test(self):
-        """Test the model (unless --no-eval): 'target_accuracy' once it reaches --target-accuracy, else None."""
+        """Test the model (not with --no-eval): 'target_accuracy' once it reaches the target."""
         if self.args.no_eval:
             return None
         loss, acc, self.test_images = evaluate(self.model, self.test_set, self.device, self.dtype)
@@ -191,34 +192,40 @@ class Trainer:
 
     def record(self, event, **fields):
         """Rank 0's log line; the train loss is averaged over ranks and steps since the last one."""
-        loss_sum = hvd.allreduce(self.window.loss, op=hvd.Sum, name="train_loss").item()  # Horovod: every rank's
+        # Horovod: the sum of every rank's losses
+        loss_sum = hvd.allreduce(self.window.loss, op=hvd.Sum, name="train_loss").item()
         step = self.progress["step"]
         return self.log.write(event, epoch=round(step / self.steps_per_epoch, 4), step=step,
-                              **self.window.take(loss_sum, self.size), lr=round(self.sched.get_last_lr()[0], 7),
-                              **(self.last_eval if event in ("eval", "epoch", "done") else {}), **fields)
+                              **self.window.take(loss_sum, self.size),
+                              lr=round(self.sched.get_last_lr()[0], 7),
+                              **(self.last_eval if event in ("eval", "epoch", "done") else {}),
+                              **fields)
 
     def save(self):
         """CHECKPOINT_DIR/last.pt (--checkpoint-dir): everything a resumed run needs."""
         if not self.args.checkpoint_dir:
             return
-        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on from
+        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on
         if self.rank == 0:  # Horovod: one writer; every replica holds the same weights
-            # Horovod: a resume must match hvd.size()
-            config = {**self.model.config, "world_size": self.size, "global_batch": self.progress["global_batch"]}
-            training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", config, model=self.model, optimizer=self.opt,
-                                     scheduler=self.sched, progress=self.progress, rng=torch.get_rng_state())
+            training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", self.config,
+                                     model=self.model, optimizer=self.opt, scheduler=self.sched,
+                                     progress=self.progress, rng=torch.get_rng_state())
 
     def finish(self, stop):
         """The last evaluation, log record and checkpoint; rank 0 reports."""
         args = self.args
-        if stop != "signal" and (self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]):
-            self.test()  # stopped mid-epoch: test what we have (not in a time-limit warning's last seconds)
-        # Horovod: 0.0 when the replicas stayed in sync (rank 0's weights broadcast, the worst rank's difference)
+        self.bar.close()
+        untested = self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]
+        if stop != "signal" and untested:  # not in a time-limit warning's last seconds
+            self.test()  # stopped mid-epoch: test what we have
+        # Horovod: 0.0 if the replicas stayed alike (rank 0's weights broadcast; the worst rank's)
         spread = training.replica_spread(self.model, largest, lambda t, name: hvd.broadcast(
             t.cpu(), root_rank=0, name=name).to(t.device))
-        final = self.record("done", test_images=self.test_images, stop=stop, replicas_max_diff=spread)
+        final = self.record("done", test_images=self.test_images, stop=stop,
+                            replicas_max_diff=spread)
         if self.rank == 0:  # Horovod: rank 0 reports and saves; the others hold the same weights
-            print(f"step {final['step']}: {training.tested(final)}, {final['elapsed_s']:.1f} s ({stop})", flush=True)
+            print(f"step {final['step']}: {training.tested(final)}, {final['elapsed_s']:.1f} s "
+                  f"({stop})", flush=True)
             if args.save_model:
                 torch.save(self.model.state_dict(), args.save_model)
         self.progress["finished"] = stop if stop == "target_accuracy" else None
@@ -231,22 +238,22 @@ class Trainer:
 
 
 def main(args):
-    caught = preemption.catch()  # SIGUSR1 (a job's time-limit warning) and SIGTERM: stop after a step, saved
+    caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
     device = setup(args)
     rank, world_size = hvd.rank(), hvd.size()  # Horovod: who am I, how many are we?
-    batch, global_batch = training.batch_sizes(args, world_size, stop)  # Horovod: per worker × size = global
-    training.check_options(args, world_size, batch, stop)  # e.g. --no-hvd on two ranks: one line, then exit
+    batch, global_batch = training.batch_sizes(args, world_size, stop)  # Horovod: × size
+    training.check_options(args, world_size, batch, stop)  # e.g. --no-hvd on two ranks
     if args.adasum and not hvd.mpi_enabled():  # Horovod: Adasum needs its MPI controller
         stop("--adasum needs Horovod's MPI controller: launch with mpirun or horovodrun --mpi "
              "(and a Horovod built with MPI: horovodrun --check-build lists it).")
-    torch.use_deterministic_algorithms(args.deterministic)  # as in the DDP lab: the same kernels, in float64
-    dtype = torch.float64 if args.deterministic else torch.float32
-    torch.manual_seed(args.seed)  # the same initial weights as the DDP lab's (and rank 0's are broadcast)
+    dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
+    torch.manual_seed(args.seed)  # the DDP lab's initial weights (and rank 0's are broadcast)
 
     # Data. Rank 0 stages the files first; the others wait, then read the same verified copy.
     if rank != 0:
         hvd.barrier()  # Horovod: wait for rank 0's copy: one download, not one per rank
-    train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device, first=args.train_images)
+    train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device,
+                                     first=args.train_images)
     test_set = InMemoryFashionMNIST(args.data_root, train=False, device=device)
     if rank == 0:
         hvd.barrier()  # Horovod: the data is there; let the others in
@@ -254,67 +261,80 @@ def main(args):
                                  shuffle=True, seed=args.seed, drop_last=True)
     steps_per_epoch = len(sampler) // batch
 
-    # Horovod: the weights stay contiguous (NCHW): its collectives refuse channels_last tensors,
-    # which the DDP lab uses.
+    # Horovod: contiguous (NCHW) weights: its collectives refuse the DDP lab's channels_last
     model = FashionCNN(width=args.width, norm=args.norm).to(device, dtype)
     lr = scaled_lr(args, global_batch)
-    opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay)  # --optimizer
-    total, warmup = args.epochs * steps_per_epoch, max(1, round(args.warmup_epochs * steps_per_epoch))
+    opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay)
+    total = args.epochs * steps_per_epoch
+    warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
     if not args.no_hvd:
         compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
         ### BEGIN SOLUTION (hint: wrap opt in Horovod's DistributedOptimizer: give it the model's named parameters, compression, args.accumulate backward passes per step, and hvd.Adasum as op when args.adasum, else hvd.Average)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),  # Horovod: averaged gradients
-                                       compression=compression, backward_passes_per_step=args.accumulate,
-                                       op=hvd.Adasum if args.adasum else hvd.Average)
+        opt = hvd.DistributedOptimizer(  # Horovod: the wrap that averages the gradients
+            opt, named_parameters=model.named_parameters(), compression=compression,
+            backward_passes_per_step=args.accumulate, op=hvd.Adasum if args.adasum else hvd.Average)
         ### END SOLUTION
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup))  # warm-up, then linear decay
-    progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0, "global_batch": global_batch}
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup))  # then to 0
+    progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0,
+                "global_batch": global_batch}
+    config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # to resume
     resume = training.resume_path(args)
     if resume and rank == 0:  # Horovod: rank 0 reads the checkpoint; the broadcasts below share it
-        config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # Horovod: as many ranks
-        progress = training.load_checkpoint(resume, config, stop, "cpu", model=model, optimizer=opt, scheduler=sched)
+        progress = training.load_checkpoint(resume, config, stop, "cpu", model=model, optimizer=opt,
+                                            scheduler=sched)
     ### BEGIN SOLUTION (hint: every rank starts from rank 0's optimizer state, then from rank 0's weights (the model's state_dict): in that order)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)  # Horovod: rank 0's momentum (after a resume: the loaded one)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod: then rank 0's weights everywhere
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # Horovod: rank 0's momentum (or the loaded)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod: then rank 0's weights
     ### END SOLUTION
-    progress = hvd.broadcast_object(progress, root_rank=0, name="progress")  # Horovod: where training stands
+    progress = hvd.broadcast_object(progress, root_rank=0, name="progress")  # Horovod: rank 0's
     # Horovod: rank 0's schedule (a resumed one) to every rank
     sched.load_state_dict(hvd.broadcast_object(sched.state_dict(), root_rank=0, name="schedule"))
-    if resume and training.finished(progress, args):  # e.g. the same command run again after the run finished
+    if resume and training.finished(progress, args):  # e.g. the same command run twice
         if rank == 0:  # Horovod: one rank talks
-            print(f"{resume} is the checkpoint of a finished run (step {progress['step']}, stopped by "
-                  f"{training.finished(progress, args)}): nothing to do. Delete it, or give another "
-                  "--checkpoint-dir, to train afresh.", flush=True)
+            print(f"{resume} is the checkpoint of a finished run (step {progress['step']}, stopped "
+                  f"by {training.finished(progress, args)}): nothing to do. Delete it, or give "
+                  "another --checkpoint-dir, to train afresh.", flush=True)
         return hvd.shutdown()  # Horovod: stop the background thread before returning
 
     # Horovod: rank 0 logs; the other ranks get a log that writes nothing
     log = training.open_log(args.log_json if rank == 0 else None, args, progress, steps_per_epoch,
-                            world_size=world_size, global_batch=global_batch, peak_lr=lr, loader="memory",
-                            framework="horovod", horovod=not args.no_hvd, compression=args.compression,
-                            op="adasum" if args.adasum else "average", threads=torch.get_num_threads(),
-                            controller="mpi" if hvd.mpi_enabled() else "gloo")  # Horovod: its controller
+                            world_size=world_size, global_batch=global_batch, peak_lr=lr,
+                            loader="memory", framework="horovod", horovod=not args.no_hvd,
+                            compression=args.compression, op="adasum" if args.adasum else "average",
+                            threads=torch.get_num_threads(),
+                            controller="mpi" if hvd.mpi_enabled() else "gloo")  # Horovod: its own
     if rank == 0:  # Horovod: one rank talks
-        print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, {steps_per_epoch} steps per "
-              f"epoch, Horovod ({'MPI' if hvd.mpi_enabled() else 'gloo'}) on {device}"  # Horovod: its controller
-              + (f", resumed at step {progress['step']}" if progress["step"] else ""), flush=True)
-    trainer = Trainer(args, model, opt, sched, sampler, train_set, test_set, progress, log, caught)
-    trainer.finish(trainer.train())
+        resumed = f", resumed at step {progress['step']}" if progress["step"] else ""
+        controller = "MPI" if hvd.mpi_enabled() else "gloo"  # Horovod: its controller
+        print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, "
+              f"{steps_per_epoch} steps per epoch, Horovod ({controller}) on {device}{resumed}",
+              flush=True)
+    trainer = Trainer(args, model, opt, sched, sampler=sampler, batch=batch, train_set=train_set,
+                      test_set=test_set, config=config, progress=progress, log=log, caught=caught)
+    reason = None  # why training stops early: a step limit, a target accuracy, a signal
+    while progress["epoch"] < args.epochs and reason is None:
+        reason = trainer.run_epoch(progress["epoch"])
+    trainer.finish(reason or "epochs")
     hvd.shutdown()  # Horovod: stop the background thread, so that every rank exits cleanly
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Defaults)
-    common_options(p, REFERENCE_BATCH)  # every training lab's: --epochs, --lr, --resume, ... (dpcourse/options.py)
-    fashion_options(p)  # the FashionMNIST labs': --width, --train-images, --amp, --accumulate, ...
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"], help="SGD with Nesterov momentum 0.9, or AdamW")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=options.Defaults)
+    options.common_options(p, REFERENCE_BATCH)  # every training lab's: --epochs, --lr, --resume...
+    options.fashion_options(p)  # the FashionMNIST labs': --width, --train-images, --amp, ...
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"],
+                   help="SGD with Nesterov momentum 0.9, or AdamW")
     # Horovod: its own knobs
-    p.add_argument("--no-hvd", action="store_true",
-                   help="one process with the plain optimizer, no hvd.DistributedOptimizer (overhead baseline)")
-    p.add_argument("--compression", default="none", choices=["none", "fp16"], help="gradients sent as fp16")
+    p.add_argument("--no-hvd", action="store_true", help="one process with the plain optimizer, "
+                   "no hvd.DistributedOptimizer (overhead baseline)")
+    p.add_argument("--compression", default="none", choices=["none", "fp16"],
+                   help="gradients sent as fp16")
     p.add_argument("--adasum", action="store_true",
-                   help="combine gradients with Adasum instead of averaging (MPI; a power of 2 ranks)")
+                   help="combine gradients with Adasum, not averaging (MPI; a power of 2 ranks)")
     p.add_argument("--fusion-threshold-mb", type=float, default=None,
-                   help="Tensor Fusion buffer (default: Horovod's, 128 MB, or $HOROVOD_FUSION_THRESHOLD)")
+                   help="Tensor Fusion buffer (default: Horovod's, 128 MB, or "
+                   "$HOROVOD_FUSION_THRESHOLD)")
     return p.parse_args(argv)
 
 

@@ -21,7 +21,8 @@ NORMS = ("group", "batch", "none")
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
-    if kind == "group":  # 4 groups; fewer where 4 does not divide the channels (--width 6: 2, then 4)
+    # 4 groups; fewer where 4 does not divide the channels (--width 6: 2, then 4)
+    if kind == "group":
         return nn.GroupNorm(math.gcd(4, channels), channels)
     if kind == "batch":
         return nn.BatchNorm2d(channels)
@@ -37,7 +38,8 @@ class FashionCNN(nn.Sequential):
         super().__init__(
             nn.Conv2d(1, width, 3, padding=1, bias=False), _norm(norm, width), nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1, bias=False), _norm(norm, 2 * width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1, bias=False), _norm(norm, 2 * width),
+            nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Flatten(),
             nn.Linear(2 * width * 7 * 7, classes),
@@ -48,13 +50,28 @@ class FashionCNN(nn.Sequential):
         """``nn.Module.to``; then, on a GPU, the first convolution's weight, which sees one input
         channel, keeps torch's default strides. With one input channel, ``channels_last`` holds the
         same bytes in the same order, but on a GPU its strides differ from those cuDNN gives the
-        weight's gradient, and DDP, which compares them with its bucket's, warns on every rank ("Grad
-        strides do not match bucket view strides"; seen on an H100). On the CPU the gradient comes
-        back in the weight's own strides, and the CPU's convolution picks its kernel by them, so the
-        CPU keeps them as they are."""
+        weight's gradient, and DDP, which compares them with its bucket's, warns on every rank
+        ("Grad strides do not match bucket view strides"; seen on an H100). On the CPU the gradient
+        comes back in the weight's own strides, and the CPU's convolution picks its kernel by them,
+        so the CPU keeps them as they are."""
         module = super().to(*args, **kwargs)
         first = module[0].weight
         if first.is_cuda and first.shape[1] == 1 and first.stride()[1] != first[0, 0].numel():
-            first.data = first.data.clone(memory_format=torch.contiguous_format)  # same values, same order
+            # same values, same order
+            first.data = first.data.clone(memory_format=torch.contiguous_format)
         return module
 
+
+
+def torchvision_model(arch: str, classes: int, stop) -> torch.nn.Module:
+    """torchvision's ``arch`` (untrained) for ``classes`` classes; in a residual network the last
+    BatchNorm of each block starts at zero (Goyal et al.), so that each block starts as the
+    identity. An unknown name ends the run through ``stop(message)`` with names to try."""
+    import torchvision
+
+    if arch not in torchvision.models.list_models(torchvision.models):
+        stop(f"--arch {arch}: torchvision has no such model. Try resnet18, resnet50, "
+             "resnext50_32x4d, ... (the names of torchvision.models.list_models()).")
+    residual = arch.startswith(("resnet", "resnext", "wide_resnet"))
+    extra = {"zero_init_residual": True} if residual else {}
+    return torchvision.models.get_model(arch, weights=None, num_classes=classes, **extra)

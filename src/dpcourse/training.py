@@ -1,11 +1,11 @@
 """What the three training labs share that is plumbing, not a lesson.
 
-Checkpoint files (written whole; a missing, unreadable or mismatched one refused with what to do), the
-resume, the log and its window of running sums, the batch sizes and the options that cannot go together,
-the agreement on when to stop, the replicas' spread, and mixed precision. The lessons stay in the labs:
-*who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or rank 0 and then a broadcast in
-Horovod's lab), the DDP wrap or Horovod's optimizer, and the all-reduce that averages the logged loss
-over the ranks (docs/design.md, "The library").
+Checkpoint files (written whole; a missing, unreadable or mismatched one refused with what to do),
+the resume, the log and its window of running sums, the batch sizes and the options that cannot go
+together, the agreement on when to stop, the replicas' spread, and mixed precision. The lessons stay
+in the labs: *who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or rank 0 and then a
+broadcast in Horovod's lab), the DDP wrap or Horovod's optimizer, and the all-reduce that averages
+the logged loss over the ranks (docs/design.md, "The library").
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def save_checkpoint(path: str | os.PathLike, config: dict, **parts) -> None:
     Each part that has a ``state_dict()`` (model, optimizer, scheduler, scaler) is saved as its
     state; the others (progress, an RNG state) as they are. ``config`` is what a resume must match.
     """
-    state = {name: part.state_dict() if hasattr(part, "state_dict") else part for name, part in parts.items()}
+    state = {name: part.state_dict() if hasattr(part, "state_dict") else part
+             for name, part in parts.items()}
     state["config"] = config
     tmp = Path(f"{path}.tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -38,22 +39,22 @@ def load_checkpoint(path: str | os.PathLike, config: dict, stop: Callable[[str],
     """Load a checkpoint of ``save_checkpoint`` into ``parts`` (each by ``load_state_dict``) and
     return its ``progress``; an ``rng`` in the file becomes torch's random state again.
 
-    A missing or unreadable file, or one written by a run with another ``config`` (model, world size,
-    global batch), ends the run through ``stop(message)`` with what to do instead.
+    A missing or unreadable file, or one written by a run with another ``config`` (model, world
+    size, global batch), ends the run through ``stop(message)`` with what to do instead.
     """
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
-        stop(f"--resume {path}: no such checkpoint. Give the path of a .pt file that --checkpoint-dir "
-             "wrote, or leave out --resume.")
+        stop(f"--resume {path}: no such checkpoint. Give the path of a .pt file that "
+             "--checkpoint-dir wrote, or leave out --resume.")
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
-        stop(f"--resume {path}: not a readable checkpoint ({type(err).__name__}); it may be truncated or "
-             "from another program. Delete it, or resume from an earlier one.")
+        stop(f"--resume {path}: not a readable checkpoint ({type(err).__name__}); it may be "
+             "truncated or from another program. Delete it, or resume from an earlier one.")
     if state["config"] != config:
         diff = ", ".join(f"{k} {state['config'].get(k)} (this run: {v})" for k, v in config.items()
                          if state["config"].get(k) != v)
-        stop(f"--resume {path} was written by another run: {diff}. Resume with the same model, world "
-             "size and global batch, or start afresh without --resume.")
+        stop(f"--resume {path} was written by another run: {diff}. Resume with the same model, "
+             "world size and global batch, or start afresh without --resume.")
     for name, part in parts.items():
         part.load_state_dict(state[name])
     if "rng" in state:
@@ -83,8 +84,8 @@ def finished(progress: dict, args) -> str | None:
 class Window:
     """The training figures of one rank since the last log record: the sum of its step losses, its
     steps, the images it trained on, the seconds they took and, of those, the seconds spent waiting
-    for data. ``take()`` turns them into a record's fields and starts a new window; ``run`` keeps the
-    whole run's images and seconds, for the last record."""
+    for data. ``take()`` turns them into a record's fields and starts a new window; ``run`` keeps
+    the whole run's images and seconds, for the last record."""
 
     def __init__(self, device):
         self.device = device
@@ -95,7 +96,8 @@ class Window:
         self.loss = torch.zeros((), device=self.device)
         self.steps, self.images, self.seconds, self.data_s = 0, 0, 0.0, 0.0
 
-    def add(self, loss: torch.Tensor, images: int, seconds: float = 0.0, data_s: float = 0.0) -> None:
+    def add(self, loss: torch.Tensor, images: int, seconds: float = 0.0,
+            data_s: float = 0.0) -> None:
         """One step: its loss (a tensor: no wait for the device), images and seconds."""
         self.loss += loss.detach().float()
         self.steps += 1
@@ -103,18 +105,20 @@ class Window:
         self.seconds += seconds
         self.data_s += data_s
 
-    def take(self, loss_sum: float, world_size: int, whole_run: bool = False, data_wait: bool = False) -> dict:
-        """``train_loss`` (``loss_sum``: the window's loss summed over every rank, averaged over ranks
-        and steps) and ``samples_per_s`` over all ranks, of this window or of the whole run; with
-        ``data_wait``, also the images per second of one worker and the share of time spent waiting
-        for data. Then a new window starts."""
+    def take(self, loss_sum: float, world_size: int, whole_run: bool = False,
+             data_wait: bool = False) -> dict:
+        """``train_loss`` (``loss_sum``: the window's loss summed over every rank, averaged over
+        ranks and steps) and ``samples_per_s`` over all ranks, of this window or of the whole run;
+        with ``data_wait``, also the images per second of one worker and the share of time spent
+        waiting for data. Then a new window starts."""
         for key in self.run:
             self.run[key] += getattr(self, key)
-        images, seconds, data_s = ((self.run[k] for k in ("images", "seconds", "data_s")) if whole_run
-                                   else (self.images, self.seconds, self.data_s))
+        images, seconds, data_s = ((self.run[k] for k in ("images", "seconds", "data_s"))
+                                   if whole_run else (self.images, self.seconds, self.data_s))
         per_worker = images / seconds if seconds else None
-        fields = {"train_loss": round(loss_sum / (self.steps * world_size), 5) if self.steps else None,
-                  "samples_per_s": round(per_worker * world_size, 1) if per_worker else None}
+        fields = {
+            "train_loss": round(loss_sum / (self.steps * world_size), 5) if self.steps else None,
+            "samples_per_s": round(per_worker * world_size, 1) if per_worker else None}
         if data_wait:
             fields.update(samples_per_s_per_worker=round(per_worker, 1) if per_worker else None,
                           data_wait=round(data_s / seconds, 4) if per_worker else None)
@@ -133,24 +137,29 @@ def _rank0_copy(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return copy
 
 
-def should_stop(args, step: int, elapsed: float, caught, device=None, largest=_largest_over_ranks) -> str | None:
-    """'max_steps', 'time_budget', 'signal' or None, the same on every rank, so that all stop after the
-    same step: rank 0's clock decides the time budget, and a signal caught on any rank (a job's
+def should_stop(args, step: int, elapsed: float, caught, device=None,
+                largest=_largest_over_ranks) -> str | None:
+    """'max_steps', 'time_budget', 'signal' or None, the same on every rank, so that all stop after
+    the same step: rank 0's clock decides the time budget, and a signal caught on any rank (a job's
     time-limit warning, a preemption) stops them all. One collective a step: ``largest`` (the
-    elementwise maximum over the ranks; torch.distributed's all-reduce unless a lab gives Horovod's)."""
+    elementwise maximum over the ranks; torch.distributed's all-reduce unless a lab gives
+    Horovod's)."""
     if args.max_steps and step >= args.max_steps:
         return "max_steps"
     rank = dist.get_rank() if dist.is_initialized() else 0
-    flags = torch.tensor([float(rank == 0 and args.time_budget is not None and elapsed >= args.time_budget),
-                          float(caught.number)], device=device)  # rank 0's clock; the signal's number, 0 if none
+    # rank 0's clock; the signal's number, 0 if none
+    flags = torch.tensor([float(rank == 0 and args.time_budget is not None
+                                and elapsed >= args.time_budget),
+                          float(caught.number)], device=device)
     over, signum = largest(flags).tolist()
     caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run
     return "time_budget" if over else "signal" if signum else None
 
 
-def replica_spread(model: torch.nn.Module, largest=_largest_over_ranks, rank0_copy=_rank0_copy) -> float:
-    """The largest difference between any rank's weights and rank 0's: 0.0 when the replicas stayed in
-    sync, as data parallelism promises (the last log record's ``replicas_max_diff``)."""
+def replica_spread(model: torch.nn.Module, largest=_largest_over_ranks,
+                   rank0_copy=_rank0_copy) -> float:
+    """The largest difference between any rank's weights and rank 0's: 0.0 when the replicas stayed
+    in sync, as data parallelism promises (the last log record's ``replicas_max_diff``)."""
     spread = None
     for name, p in model.named_parameters():
         diff = (p.detach() - rank0_copy(p.detach(), f"spread.{name}")).abs().max().float()
@@ -165,11 +174,13 @@ def tested(record: dict) -> str:
     return f"test accuracy {record['test_accuracy']:.4f}, test loss {record['test_loss']:.4f}"
 
 
-def resume(args, config: dict, stop: Callable[[str], NoReturn], map_location=None, **parts) -> dict | None:
+def resume(args, config: dict, stop: Callable[[str], NoReturn], map_location=None,
+           **parts) -> dict | None:
     """Where training starts: step 0, or the progress of the checkpoint --resume names, loaded into
-    ``parts`` (``load_checkpoint``). None when that checkpoint's run had already finished: rank 0 says
-    so (the same command run twice), and there is nothing to do."""
-    progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0, "global_batch": config["global_batch"]}
+    ``parts`` (``load_checkpoint``). None when that checkpoint's run had already finished: rank 0
+    says so (the same command run twice), and there is nothing to do."""
+    progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0,
+                "global_batch": config["global_batch"]}
     path = resume_path(args)
     if not path:
         return progress
@@ -178,8 +189,9 @@ def resume(args, config: dict, stop: Callable[[str], NoReturn], map_location=Non
     if not reason:
         return progress
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"{path} is the checkpoint of a finished run (step {progress['step']}, stopped by {reason}): "
-              "nothing to do. Delete it, or give another --checkpoint-dir, to train afresh.", flush=True)
+        print(f"{path} is the checkpoint of a finished run (step {progress['step']}, "
+              f"stopped by {reason}): nothing to do. Delete it, or give another "
+              "--checkpoint-dir, to train afresh.", flush=True)
     return None
 
 
@@ -189,39 +201,82 @@ def batch_sizes(args, world_size: int, stop: Callable[[str], NoReturn]) -> tuple
     if args.batch_size:
         return args.batch_size, args.batch_size * world_size
     if args.global_batch_size < world_size or args.global_batch_size % world_size:
-        stop(f"--global-batch-size {args.global_batch_size} does not split into {world_size} equal per-worker "
-             f"batches: use a multiple of {world_size} (e.g. {max(1, round(args.global_batch_size / world_size)) * world_size}), "
+        stop(f"--global-batch-size {args.global_batch_size} does not split into {world_size} "
+             f"equal per-worker batches: use a multiple of {world_size} (e.g. "
+             f"{max(1, round(args.global_batch_size / world_size)) * world_size}), "
              "or give --batch-size per worker.")
     return args.global_batch_size // world_size, args.global_batch_size
 
 
 def open_log(path, args, progress: dict, steps_per_epoch: int, **common) -> JsonLog:
-    """The run's JSON-lines log (``path`` None: a no-op log, for the ranks that do not write). A resumed
-    run appends to it, goes on counting ``elapsed_s`` from the checkpoint's, and says where it resumed."""
+    """The run's JSON-lines log (``path`` None: a no-op log, for the ranks that do not write). A
+    resumed run appends to it, goes on counting ``elapsed_s`` from the checkpoint's, and says where
+    it resumed."""
     resumed = progress["step"] > 0
     log = JsonLog(path, append=resumed, elapsed_before=progress["elapsed_s"], **common)
     if resumed:  # a restart shows in the log: training went on from this step
-        log.write("resume", epoch=round(progress["step"] / steps_per_epoch, 4), step=progress["step"],
-                  checkpoint=resume_path(args))
+        log.write("resume", epoch=round(progress["step"] / steps_per_epoch, 4),
+                  step=progress["step"], checkpoint=resume_path(args))
     return log
+
+
+def deterministic(on: bool, warn_only: bool = False) -> torch.dtype:
+    """--deterministic: the same kernels every run (cuBLAS too, through CUBLAS_WORKSPACE_CONFIG), so
+    that a resumed run equals an uninterrupted one; ``warn_only`` where a kernel has no
+    deterministic version (ImageNet: CUDA's average-pool backward). Returns the FashionMNIST labs'
+    dtype: float64 when on, because in float32 a rounding difference of 1e-7 can flip a ReLU or a
+    max-pool choice, and such flips grow step by step; float32 otherwise."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on, warn_only=warn_only)  # off: as torch starts
+    return torch.float64 if on else torch.float32
+
+
+def warmup_note(args, lr: float) -> None:
+    """A note (print it on rank 0) when --warmup-epochs is not below --epochs: the rate climbs all
+    the run and never decays (the schedule handles it: optim.warmup_then_decay)."""
+    if args.warmup_epochs >= args.epochs:
+        print(f"note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: "
+              f"the rate climbs all the run towards {lr:g} and never decays. Give fewer warm-up "
+              "epochs (Goyal et al.: 5 of 90).", flush=True)
+
+
+def comm_hook(args) -> tuple[object, Callable | None]:
+    """(state, hook) for DDP's ``register_comm_hook`` from --comm-hook (notebook 08): torch's own
+    hooks, or (None, None) for DDP's built-in all-reduce. PowerSGD sends low-rank gradients after
+    --powersgd-start steps of plain all-reduce, with rank --powersgd-rank."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    hooks = {"none": None, "allreduce": default_hooks.allreduce_hook,
+             "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
+             "powersgd": powerSGD_hook.powerSGD_hook}
+    if args.comm_hook != "powersgd":
+        return None, hooks[args.comm_hook]
+    state = powerSGD_hook.PowerSGDState(process_group=None,
+                                        matrix_approximation_rank=args.powersgd_rank,
+                                        start_powerSGD_iter=args.powersgd_start)
+    return state, hooks["powersgd"]
 
 
 BASELINES = {"no_ddp": "--no-ddp trains without DistributedDataParallel",
              "no_hvd": "--no-hvd trains without hvd.DistributedOptimizer"}
 
 
-def check_options(args, world_size: int, batch: int, stop: Callable[[str], NoReturn], device="cpu") -> None:
+def check_options(args, world_size: int, batch: int, stop: Callable[[str], NoReturn],
+                  device="cpu") -> None:
     """Stop at once, with what to do, on options that cannot work together: a target without
-    evaluations, a one-process baseline (--no-ddp, --no-hvd) on several, PowerSGD on a CPU run beside a
-    visible GPU, micro-batches that do not divide the per-worker batch (--accumulate)."""
+    evaluations, a one-process baseline (--no-ddp, --no-hvd) on several, PowerSGD on a CPU run
+    beside a visible GPU, micro-batches that do not divide the per-worker batch (--accumulate)."""
     if args.no_eval and args.target_accuracy:
         stop("--target-accuracy needs evaluations: leave out --no-eval.")
     for flag, what in BASELINES.items():
         if getattr(args, flag, False) and world_size > 1:
             stop(f"{what}: launch one process.")
-    if getattr(args, "comm_hook", None) == "powersgd" and torch.device(device).type == "cpu" and torch.cuda.is_available():
-        stop("--comm-hook powersgd on the CPU where a GPU is visible: PyTorch's PowerSGD hook would synchronize "
-             "that GPU and fail. Hide the GPUs from this run: CUDA_VISIBLE_DEVICES= torchrun ...")
+    if (getattr(args, "comm_hook", None) == "powersgd" and torch.device(device).type == "cpu"
+            and torch.cuda.is_available()):
+        stop("--comm-hook powersgd on the CPU where a GPU is visible: PyTorch's PowerSGD hook "
+             "would synchronize that GPU and fail. Hide the GPUs from this run: "
+             "CUDA_VISIBLE_DEVICES= torchrun ...")
     accumulate = getattr(args, "accumulate", 1)
     if batch % accumulate:
         stop(f"--accumulate {accumulate} does not split the per-worker batch {batch} into equal "
@@ -229,8 +284,9 @@ def check_options(args, world_size: int, batch: int, stop: Callable[[str], NoRet
 
 
 class Precision(NamedTuple):
-    """How ImageNet's lab computes: ``autocast`` (a context), ``scaler`` (fp16's loss scaling; a no-op
-    otherwise), ``memory_format`` of the images and weights, and ``amp``, its name in the log."""
+    """How ImageNet's lab computes: ``autocast`` (a context), ``scaler`` (fp16's loss scaling; a
+    no-op otherwise), ``memory_format`` of the images and weights, and ``amp``, its name in the
+    log."""
     autocast: torch.autocast
     scaler: torch.amp.GradScaler
     memory_format: torch.memory_format
@@ -238,16 +294,18 @@ class Precision(NamedTuple):
 
 
 def mixed_precision(amp: str, channels_last: bool | None, device) -> Precision:
-    """The Precision of --amp and --channels-last: ``auto`` is bf16 on a GPU that has it and off on a
-    CPU; fp16 needs loss scaling (the scaler), bf16 does not; channels_last (NHWC) by default on GPUs,
-    where tensor cores want it."""
+    """The Precision of --amp and --channels-last: ``auto`` is bf16 on a GPU that has it and off on
+    a CPU; fp16 needs loss scaling (the scaler), bf16 does not; channels_last (NHWC) by default on
+    GPUs, where tensor cores want it."""
     device = torch.device(device)
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None,
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported()
+                     else None,
              "off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
     autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     channels_last = device.type == "cuda" if channels_last is None else channels_last
-    return Precision(autocast, scaler, torch.channels_last if channels_last else torch.contiguous_format,
+    return Precision(autocast, scaler,
+                     torch.channels_last if channels_last else torch.contiguous_format,
                      str(dtype or "off").replace("torch.", ""))
 
 
