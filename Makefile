@@ -29,7 +29,7 @@ NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader
 LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}
 
-.PHONY: setup data course lab test lint student check slurm-demo horovod gpu-check clean
+.PHONY: setup data course lab test lint student check slurm-demo horovod gpu-check clean room-setup room-demo
 
 setup: $(STAMP)
 
@@ -73,6 +73,17 @@ student: setup
 # Where SIGPIPE is ignored, `exit 1` still fails the usual way.
 check: setup
 	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') $(if $(ROOM),--room '$(ROOM)') || { kill -PIPE $$PPID; exit 1; }
+
+# The room's hub (room/jupyterhub_config.py) needs configurable-http-proxy, JupyterHub's proxy: from
+# npm, into build/room/ (Debian: apt-get install nodejs npm).
+room-setup:
+	@command -v npm >/dev/null || { echo "npm is missing: apt-get install nodejs npm"; exit 1; }
+	npm install --prefix build/room --no-audit --no-fund --loglevel=error configurable-http-proxy@4.6.3
+
+# The room on this machine (as root): a local two-node Slurm, three test learners with fresh
+# passwords and the hub on http://127.0.0.1:8000, until Ctrl-C stops what it started.
+room-demo: setup data room-setup
+	$(BIN)/python -m dpcourse.hub demo
 
 # A real two-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), one job of
 # slurm/multi_node.sbatch across both nodes, then a clean stop: how to try the templates on a laptop.

@@ -11,7 +11,12 @@ NOT_PACKAGES = {"python", "pip"}
 
 def pip_requirements(pyproject_text: str) -> dict[str, str]:
     project = tomllib.loads(pyproject_text)["project"]
-    reqs = project["dependencies"] + project["optional-dependencies"]["dev"]
+    extras = project["optional-dependencies"]
+    reqs = project["dependencies"] + extras["dev"]
+    for req in list(reqs):  # dev names other extras of the course itself: dpcourse[room]
+        if m := re.fullmatch(r"dpcourse\[([\w,-]+)\]", req.strip()):
+            reqs.remove(req)
+            reqs += [r for extra in m.group(1).split(",") for r in extras[extra]]
     out = {}
     for req in reqs:
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", req.strip())

@@ -1,0 +1,250 @@
+"""The room's hub, end to end on the local two-node Slurm (room/jupyterhub_config.py, dpcourse.hub).
+
+Two test learners (local accounts with passwords, made and removed here) log in through PAM. The
+first, in headless Chromium, starts a server from the spawn form: a Slurm job running as that
+learner; opens notebook 00 of their own copy through the hub's proxy and runs its first cell; and
+is refused the second learner's server. The second learner's server, started through the hub's
+API, is stopped by jupyterhub-idle-culler once idle; the first one's by the hub's stop. Each stop
+ends the Slurm job. The hub's start time and the time from the click to a running JupyterLab are
+printed, and the screenshots go to build/room/.
+
+Root only (the hub runs as root and submits as each learner through sudo); skipped elsewhere,
+except in CI (CI=true), which has what it needs (.ci/run).
+"""
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from conftest import ROOT
+from dpcourse import hub
+from dpcourse.rendezvous import free_port
+from test_browser import CHROMIUM, _stop, node  # noqa: F401 - node: the fixture, playwright-core
+
+pytestmark = pytest.mark.slow
+
+DRIVER = ROOT / "tests" / "browser" / "hub_session.mjs"
+SHOTS = ROOT / "build" / "room"
+TOKEN = secrets.token_hex(16)  # the test's own hub service: start, watch and cull servers
+EXTRA = f"""
+c.JupyterHub.services.append({{"name": "dpcourse-test", "api_token": "{TOKEN}"}})
+c.JupyterHub.load_roles.append({{"name": "dpcourse-test", "services": ["dpcourse-test"],
+    "scopes": ["admin:users", "admin:servers", "list:users", "read:users:activity",
+               "read:servers", "delete:servers", "list:services", "read:services"]}})
+"""
+
+
+def _missing(why: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI needs the hub test's tools (.ci/run installs them): {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def _api(base: str, method: str, path: str, body=None):
+    req = urllib.request.Request(f"{base}/hub/api{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"token {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read()
+        return json.loads(text) if text else None
+
+
+def _until(what: str, check, timeout: float, log):
+    """Poll ``check`` until it returns something true; fail with the hub's log after ``timeout``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if found := check():
+            return found
+        time.sleep(0.5)
+    pytest.fail(f"{what} within {timeout:g} s."
+                + (f" The hub's log ends:\n{log.read_text()[-4000:]}" if log else ""))
+
+
+def _jobs(slurm) -> dict[str, str]:
+    """{job id: user} of the jobs Slurm holds now."""
+    out = slurm.run(["squeue", "-h", "-o", "%i %u"]).stdout.split()
+    return dict(zip(out[::2], out[1::2]))
+
+
+@pytest.fixture
+def learners(slurm):
+    """Two local accounts with passwords, able to reach the course's Python; removed after."""
+    for tool in ("sudo", "setfacl", "useradd", "chpasswd"):
+        if not shutil.which(tool):
+            _missing(f"no {tool} (apt-get install sudo acl passwd)")
+    if os.geteuid() != 0:
+        _missing("the hub runs as root (it submits each learner's job as that learner)")
+    names = [f"dpt{secrets.token_hex(3)}" for _ in range(2)]
+    passwords = {n: secrets.token_urlsafe(12) for n in names}
+    lent = []
+    before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
+    try:
+        for n in names:
+            hub.add_learner(n, passwords[n])
+            lent.append(hub.lend_access(n, hub.course_paths(ROOT)))
+            lent[-1].__enter__()
+        yield passwords
+    finally:
+        for n in names:  # their jobs first (the hub leaves jobs running when it stops)
+            slurm.run(["scancel", "-u", n])
+        _until("the learners' jobs ended", lambda: not set(_jobs(slurm).values()) & set(names), 60,
+               None)
+        for ctx in reversed(lent):  # the last lent first: each puts back the ACL it found
+            ctx.__exit__(None, None, None)
+        for n in names:
+            hub.remove_learner(n)
+        assert not any(n in line for n in names for line in open("/etc/passwd")), "a learner stayed"
+        assert not any(hub.unreachable([p], "nobody") != before[p] for p in before), \
+            "a folder's ACL was not put back"
+
+
+@pytest.fixture
+def proxy():
+    """configurable-http-proxy, as make room-setup installs it (npm) into build/room/."""
+    proxy = ROOT / "build" / "room" / "node_modules" / ".bin" / "configurable-http-proxy"
+    if not proxy.exists():
+        done = subprocess.run(["make", "room-setup"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            _missing(f"make room-setup (npm install configurable-http-proxy) failed:\n"
+                     f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
+    return proxy
+
+
+@pytest.fixture
+def room(slurm, learners, proxy, tmp_path):
+    """The hub, as room/jupyterhub_config.py sets it up, against the local Slurm: (url, log)."""
+    port, hub_port = free_port(), free_port()
+    (tmp_path / "extra.py").write_text(EXTRA)
+    state = tmp_path / "state"
+    env = {**os.environ, **slurm.env, "DPCOURSE_HUB_STATE": str(state),
+           "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
+           "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{hub_port}",
+           "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_TIME": "00:20:00",
+           "DPCOURSE_HUB_DATA": str(ROOT / "data"),
+           "DPCOURSE_HUB_EXTRA_CONFIG": str(tmp_path / "extra.py")}
+    log = tmp_path / "hub.log"
+    proc = hub.start_hub(ROOT, env, log)
+    try:
+        took = hub.wait_up(f"http://127.0.0.1:{port}", proc, log)
+        print(f"the hub answered {took:.1f} s after it started", flush=True)
+        yield f"http://127.0.0.1:{port}", log, took
+    finally:
+        hub.stop_hub(proc)
+        _stop([], "dpcourse-hub-test")  # the driver's Chromium, should it outlive the driver
+
+
+def test_two_learners_in_the_room(node, room, learners, slurm):  # noqa: F811 - node: the fixture
+    base, log, hub_s = room
+    first, second = list(learners)
+    names = {first, second}
+
+    # The second learner's server, started through the hub's API (as an instructor's script
+    # could): a Slurm job of that learner's, on an emulated node.
+    _api(base, "POST", f"/users/{second}")  # the hub knows a learner once they exist there
+    _api(base, "POST", f"/users/{second}/server",
+         {"time": "00:20:00", "cpus": "1", "gpus": "0", "account": "", "partition": "",
+          "reservation": ""})
+
+    # The first learner, in the browser: log in, the form, Start, a notebook, another's server.
+    env = {**os.environ, "DPCOURSE_TEST_PASSWORD": learners[first]}
+    done = subprocess.run([node, str(DRIVER), f"--hub={base}", f"--user={first}",
+                           "--password-env=DPCOURSE_TEST_PASSWORD",
+                           "--notebook=notebooks/00_setup.ipynb", f"--other={second}",
+                           f"--out={SHOTS}", f"--chromium={CHROMIUM}"],
+                          cwd=DRIVER.parent, env=env, capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"the browser driver printed nothing:\n{done.stderr[-3000:]}"
+    seen = json.loads(lines[-1])
+    print(json.dumps({k: v for k, v in seen.items() if k != "screenshots"}, indent=1), flush=True)
+    assert "failure" not in seen, f"{seen['failure']}\nThe hub's log:\n{log.read_text()[-4000:]}"
+    assert seen["logged_in"]
+    assert {f["name"] for f in seen["form_fields"]} >= {"account", "time", "cpus", "gpus"}
+    assert seen["lab_url"].startswith(f"{base}/user/{first}/lab")
+    assert seen["execution_count"] == 1 and "torch" in seen["cell_output"], seen["cell_output"]
+    other = seen["other"]
+    assert other["status"] == 403 or f"/user/{first}/" in other["url"], \
+        f"the first learner reached the second's server: {other}"
+    print(f"hub start {hub_s:.1f} s; click to a running JupyterLab {seen['spawn_s']} s", flush=True)
+
+    # Both servers are Slurm jobs, each its learner's, and the processes run as that learner.
+    def both_running():
+        jobs = _jobs(slurm)
+        return jobs if set(jobs.values()) == names else None
+
+    _until("both servers running as Slurm jobs, each its learner's", both_running, 240, log)
+    owners = {p.info["username"] for p in psutil.process_iter(["cmdline", "username"])
+              if any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or ())}
+    assert owners == names, f"the servers run as {owners}, not as {names}"
+    assert (hub.Path(f"/home/{first}") / "dpcourse" / "notebooks").is_dir()
+
+    # Stopping a server ends its job.
+    _api(base, "DELETE", f"/users/{first}/server")
+    _until(f"{first}'s job ended after its server was stopped",
+           lambda: first not in _jobs(slurm).values(), 120, log)
+
+    # jupyterhub-idle-culler, with a short timeout, stops the idle one, and its job ends. (The
+    # room's own culler, a hub service with the room's timeout, is there too.)
+    services = _api(base, "GET", "/services")
+    assert "idle-culler" in services, services
+    culler = subprocess.Popen([sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=5",
+                               "--cull-every=2", f"--url={base}/hub/api"],
+                              env={**os.environ, "JUPYTERHUB_API_TOKEN": TOKEN},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _until(f"the culler stopped {second}'s idle server",
+               lambda: not _api(base, "GET", f"/users/{second}")["servers"], 120, log)
+    finally:
+        culler.terminate()
+        culled = culler.communicate(timeout=30)[0]
+    assert f"Culling server {second}" in culled or second in culled, culled
+    _until(f"{second}'s job ended after the culler", lambda: not _jobs(slurm), 120, log)
+
+
+def test_room_demo_starts_a_room_and_stops_only_what_it_started(proxy, slurm):
+    """make room-demo's command: its own Slurm, two learners who can log in, the hub; Ctrl-C stops
+    the hub, the jobs and the accounts, and puts back the folders' ACLs."""
+    import requests
+
+    if os.geteuid() != 0 or not shutil.which("setfacl"):
+        _missing("make room-demo runs as root, with setfacl (apt-get install acl)")
+    before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "dpcourse.hub", "demo", "--learners", "2",
+                             f"--port={port}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out, accounts = [], {}
+    try:
+        for line in demo.stdout:
+            out.append(line)
+            if m := re.match(r"\s+(learner\d+)\s+password (\S+)", line):
+                accounts[m[1]] = m[2]
+            if line.startswith("Ctrl-C") or "Ctrl-C stops" in line:
+                break
+        assert len(accounts) == 2, "".join(out)
+        name, password = next(iter(accounts.items()))
+        s = requests.Session()
+        s.get(f"http://127.0.0.1:{port}/hub/login", timeout=30)
+        r = s.post(f"http://127.0.0.1:{port}/hub/login", timeout=30,
+                   data={"username": name, "password": password, "_xsrf": s.cookies["_xsrf"]})
+        assert "/hub/spawn" in r.url, f"{name} could not log in: {r.url}"
+    finally:
+        demo.send_signal(signal.SIGINT)
+        rest = demo.communicate(timeout=120)[0]
+    assert demo.returncode == 0, "".join(out) + rest
+    assert "the room is stopped" in rest, rest
+    for n in accounts:
+        assert subprocess.run(["id", n], capture_output=True).returncode != 0, f"{n} is still there"
+    assert {p: hub.unreachable([p], "nobody") for p in before} == before, "an ACL was not put back"
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(f"127.0.0.1:{port}" in a for a in p.info["cmdline"] or ())]
+    assert not left, f"the demo left processes: {left}"
