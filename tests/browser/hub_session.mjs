@@ -8,7 +8,8 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { chromium } from 'playwright-core';
+
+import { launch } from './chromium.mjs';
 
 const { values: opt } = parseArgs({
   options: {
@@ -29,12 +30,7 @@ const shot = async (page, name) => {
 
 let browser, page;
 try {
-  browser = await chromium.launch({
-    executablePath: opt.chromium,
-    args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
-           '--disable-default-apps', '--disable-sync', '--no-first-run', '--no-proxy-server',
-           '--disable-dev-shm-usage', `--${opt.tag}`],
-  });
+  browser = await launch(opt.chromium, opt.tag);
   page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
   page.setDefaultTimeout(60_000);
   page.on('pageerror', (e) => result.page_errors.push(String(e).slice(0, 300)));

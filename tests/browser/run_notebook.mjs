@@ -9,7 +9,8 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { chromium } from 'playwright-core';
+
+import { launch } from './chromium.mjs';
 
 const { values: opt } = parseArgs({
   options: {
@@ -34,13 +35,7 @@ const mark = (name) => { result.timings[name] = seconds(); };
 
 let browser, page;
 try {
-  // On a closed network: no sandbox as root, nothing phoned home, and loopback never via a proxy.
-  browser = await chromium.launch({
-    executablePath: opt.chromium,
-    args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
-           '--disable-default-apps', '--disable-sync', '--no-first-run', '--no-proxy-server',
-           '--disable-dev-shm-usage', `--${opt.tag}`],  // Chromium ignores the unknown switch: a tag for cleanup
-  });
+  browser = await launch(opt.chromium, opt.tag);
   // JupyterLab scrolls inside the page: a tall window shows more of the notebook at once.
   page = await browser.newPage({ viewport: { width: 1400, height: 3000 } });
   page.setDefaultTimeout(60_000);
