@@ -1,21 +1,22 @@
 """JupyterHub for a workshop room: each learner's JupyterLab is a Slurm job on the training account.
 
-    sudo -E .venv/bin/jupyterhub -f room/jupyterhub_config.py     # on the login node, as root
+    sudo .venv/bin/jupyterhub -f room/jupyterhub_config.py        # on the login node, as root
     make room-demo                                                # on a laptop: a local Slurm
 
-The hub runs as root on a node the learners reach (the login node, or a VM beside the cluster),
-logs learners in with their own Unix accounts (PAM: the site's passwords), and submits each
-learner's server as a Slurm job *as that learner* (sudo -u, so the job is theirs: their account,
-their files, their fair share). The job runs `jupyterhub-singleuser` from the course's .venv, or
-inside the course's container (apptainer exec), in the learner's own copy of the course
-(~/dpcourse, made at their first start). Servers idle for IDLE_TIMEOUT seconds are stopped, so a
-forgotten one does not hold the reservation. docs/instructor.md, "A room", is the guide.
+The hub logs learners in with their own Unix accounts (PAM: the site's passwords) and submits each
+learner's server as a Slurm job *as that learner* (sudo -u: their account, their files, their fair
+share). The job runs `jupyterhub-singleuser` from the course's .venv, or inside the course's
+container (apptainer exec), in the learner's own copy of the course (~/dpcourse, made at their
+first start). Servers idle for IDLE_TIMEOUT seconds are stopped, so a forgotten one does not hold
+the reservation. docs/instructor.md, "A room", is the guide; read its security notes first.
 
 Set the room once, below (EDIT), or through the DPCOURSE_HUB_* variables of the same names.
 """
 import os
+import shutil
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 from dpcourse import hub
 
@@ -27,47 +28,83 @@ ROOM = hub.Settings.from_env(
     account="",            # the training account (sbatch --account); "" for the site's default
     partition="",          # e.g. "gpu"
     reservation="",        # the workshop's reservation, if the centre made one
-    time="02:00:00",       # each server's time limit (the learner may ask for less)
-    cpus=8,                # CPUs per server
-    gpus=1,                # GPUs per server (0: a CPU-only room)
-    max_cpus=16, max_gpus=4, max_time="08:00:00",   # what the form allows
+    time="02:00:00",       # each server's time limit (a learner may ask for less); within the
+    max_time="08:00:00",   # reservation: a job that would outlast it never starts
+    cpus=8, max_cpus=16,   # CPUs per server, and the most the form allows
+    gpus=1, max_gpus=1,    # GPUs per server (0: a CPU-only room), and the most
+    memory="",             # sbatch --mem per server, e.g. "32G"; "" for the site's default
     idle_timeout=3600,     # seconds without activity before a server is stopped
     container="",          # the course's .sif: run the servers in it instead of .venv
+    site_prologue="",      # lines the job runs first, e.g. "module load apptainer"
     data="",               # DPCOURSE_DATA for every server (a shared, read-only copy)
     room_records="",       # DPCOURSE_ROOM: where `make check` leaves records for the live view
+    allowed_groups=(),     # who may log in: the training group, e.g. ("trn01",)
+    admins=(),             # instructors: the admin page, start and stop servers (not enter them)
+    state="/var/lib/dpcourse-hub",  # the hub's database and cookie secret: local disk, root's
 )
 # ----------------------------------------------------------------
 
-# Who: the site's accounts (PAM, as ssh uses them). On a site with single sign-on, use its
-# OAuthenticator instead (pip install oauthenticator; see the site's JupyterHub notes).
+# Root runs this hub: everything it runs or reads must be root's alone. A course folder that the
+# project group may write would make any of its members root.
+RUNS = [ROOM.course / "room", ROOM.course / "src", ROOM.course / ".venv", ROOM.proxy, ROOM.state]
+if os.geteuid() == 0 and (unsafe := hub.unsafe_for_root(RUNS)):
+    sys.exit("dpcourse hub: root would run or read files that others may change:\n  "
+             + "\n  ".join(unsafe) + "\nInstall the course root-owned (e.g. under /opt), or run "
+             "the hub as a service user (docs/instructor.md, 'A room').")
+
+# Who: the site's accounts (PAM, as ssh uses them), the training group only, never root. On a site
+# with single sign-on (and MFA), use its OAuthenticator instead: PAM passwords skip ssh's MFA.
 c.JupyterHub.authenticator_class = "pam"
-c.Authenticator.allow_all = True              # every account that PAM accepts; or allowed_users
-c.Authenticator.admin_users = set(ROOM.admins)
+if ROOM.allowed_groups:
+    c.Authenticator.allowed_groups = set(ROOM.allowed_groups)
+else:
+    c.Authenticator.allow_all = True  # every account PAM accepts: set allowed_groups for a room
+c.Authenticator.blocked_users = {"root"}
+# Instructors see the room and start or stop servers; JupyterHub's admin role could also enter
+# every learner's server and run code as them, which no centre allows.
+c.JupyterHub.load_roles = [
+    {"name": "instructor", "users": list(ROOM.admins),
+     "scopes": ["admin-ui", "list:users", "read:users", "admin:servers"]},
+    {"name": "idle-culler", "services": ["idle-culler"],
+     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
+]
 
 # Where: the address the learners' browsers use. Behind the site's HTTPS reverse proxy, bind to
 # 127.0.0.1; on its own, give it a certificate (c.JupyterHub.ssl_cert / ssl_key) and bind to
 # https://0.0.0.0:443. Never serve plain HTTP beyond one machine: passwords cross it.
 c.JupyterHub.bind_url = ROOM.bind_url
 # The hub's own API, which each server (on a compute node) calls back: an address the compute
-# nodes can reach, e.g. the login node's name on the cluster's internal network.
+# nodes reach, e.g. the login node's name on the cluster's internal network.
 c.JupyterHub.hub_bind_url = ROOM.hub_bind_url
 c.JupyterHub.hub_connect_url = ROOM.hub_connect_url
+if urlparse(ROOM.hub_connect_url).hostname in ("127.0.0.1", "localhost", "0.0.0.0"):
+    print(f"dpcourse hub: servers reach the hub at {ROOM.hub_connect_url}: right on one machine "
+          "(make room-demo), wrong on a cluster: set hub_connect_url", file=sys.stderr)
 c.ConfigurableHTTPProxy.command = [ROOM.proxy]   # configurable-http-proxy: make room-setup
 c.JupyterHub.db_url = f"sqlite:///{ROOM.state}/jupyterhub.sqlite"
-c.JupyterHub.cleanup_servers = False  # restarting the hub leaves the learners' jobs running
 c.JupyterHub.cookie_secret_file = str(ROOM.state / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(ROOM.state / "jupyterhub-proxy.pid")
+c.JupyterHub.cleanup_servers = False  # restarting the hub leaves the learners' jobs running
 
 # What: each learner's server, a Slurm job submitted as the learner.
 c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
 import batchspawner  # noqa: E402, F401 - adds the hub API a server reports its port to
 
-c.Spawner.start_timeout = ROOM.start_timeout  # a job may wait in the queue this long
-c.Spawner.http_timeout = 300                  # and its JupyterLab this long to answer
+c.Spawner.start_timeout = ROOM.start_timeout   # a job may wait this long in the queue
+c.Spawner.http_timeout = 300                   # and its JupyterLab this long to answer
+c.Spawner.poll_interval = 120                  # squeue for each running server, every 2 minutes
+c.BatchSpawnerBase.startup_poll_interval = ROOM.poll_s  # and for each starting one
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~/dpcourse"
 c.Spawner.env_keep = ["LANG", "LC_ALL", "SLURM_CONF"]  # nothing else of the hub's environment
-c.BatchSpawnerBase.exec_prefix = "sudo -E -u {username}"  # sbatch, squeue, scancel as the learner
+c.Spawner.pre_spawn_hook = ROOM.pre_spawn_hook  # the form's fields only, checked, also via the API
+# sbatch, squeue and scancel as the learner, by their full paths (sudo's secure_path may not hold
+# the site's Slurm)
+c.BatchSpawnerBase.exec_prefix = "sudo -E -u {username}"
+slurm = {cmd: shutil.which(cmd) or cmd for cmd in ("sbatch", "squeue", "scancel")}
+c.SlurmSpawner.batch_submit_cmd = f"{slurm['sbatch']} --parsable"
+c.SlurmSpawner.batch_query_cmd = f"{slurm['squeue']} -h -j {{job_id}} -o '%T %B'"
+c.SlurmSpawner.batch_cancel_cmd = f"{slurm['scancel']} {{job_id}}"
 c.SlurmSpawner.req_srun = ""                   # one process: the server itself
 c.SlurmSpawner.batch_script = hub.BATCH_SCRIPT
 c.SlurmSpawner.req_prologue = ROOM.prologue()
@@ -76,15 +113,15 @@ c.SlurmSpawner.options_form = ROOM.options_form()
 c.SlurmSpawner.options_from_form = ROOM.options_from_form
 
 # When: stop servers idle for IDLE_TIMEOUT seconds (jupyterhub-idle-culler, a hub service).
-c.JupyterHub.load_roles = [{
-    "name": "idle-culler",
-    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-    "services": ["idle-culler"],
-}]
 c.JupyterHub.services = [{
     "name": "idle-culler",
     "command": [sys.executable, "-m", "jupyterhub_idle_culler",
                 f"--timeout={ROOM.idle_timeout}", f"--cull-every={ROOM.cull_every}"],
 }]
-if os.environ.get("DPCOURSE_HUB_EXTRA_CONFIG"):  # tests and `make room-demo`: their own additions
-    load_subconfig(os.environ["DPCOURSE_HUB_EXTRA_CONFIG"])  # noqa: F821 - JupyterHub's
+
+# Tests and `make room-demo` add to this file through DPCOURSE_HUB_EXTRA_CONFIG: only a file root
+# owns and only root may write, since this configuration runs as root.
+if extra := os.environ.get("DPCOURSE_HUB_EXTRA_CONFIG"):
+    if os.geteuid() == 0 and hub.unsafe_for_root([extra]):
+        sys.exit(f"dpcourse hub: {extra} is not root's alone: not loaded")
+    load_subconfig(extra)  # noqa: F821 - JupyterHub's

@@ -20,7 +20,8 @@ from conftest import ROOT
 from dpcourse.rendezvous import free_port
 
 APP = ROOT / "room" / "ondemand" / "dpcourse_jupyter"
-FORM = {"course_dir": str(ROOT), "environment": "venv", "container_image": "",
+FORM = {"shared_course": str(ROOT), "course_dir": str(ROOT), "environment": "venv",
+        "container_image": "",
         "bc_account": "trn01", "bc_queue": "gpu", "reservation": "workshop", "bc_num_hours": "2",
         "num_cores": "8", "num_gpus": "1"}
 # Open OnDemand's job script: its header, its find_port and create_passwd, then before.sh and
@@ -72,6 +73,11 @@ def test_the_app_files_are_valid_yaml_and_the_form_is_complete():
     assert set(FORM) == set(form["form"]), "the test's sample form is not the app's form"
     for name in ("submit.yml.erb", "template/script.sh.erb", "template/before.sh.erb"):
         assert (APP / name).exists(), name
+    # Open OnDemand renders script.sh.erb to script.sh with the same mode, then runs ./script.sh
+    assert os.access(APP / "template" / "script.sh.erb", os.X_OK), "script.sh.erb is not executable"
+    mode = subprocess.run(["git", "ls-files", "-s", "room/ondemand/dpcourse_jupyter/template/"
+                           "script.sh.erb"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert not mode or mode.startswith("100755"), f"git keeps it without its x bit: {mode}"
 
 
 def test_submit_yml_renders_to_slurm_options_and_a_form_value_stays_a_word():
@@ -79,13 +85,14 @@ def test_submit_yml_renders_to_slurm_options_and_a_form_value_stays_a_word():
     assert submit["batch_connect"]["template"] == "basic"
     native = submit["script"]["native"]
     assert "--cpus-per-task=8" in native and "--gpus-per-node=1" in native
-    assert "--reservation=workshop" in native
-    cpu_only = yaml(render("submit.yml.erb", num_gpus="0", reservation=""))["script"]["native"]
-    assert not any(o.startswith(("--gpus", "--reservation")) for o in cpu_only), cpu_only
-    hostile = yaml(render("submit.yml.erb",
-                          reservation='ws"\n    - "--uid=0'))["script"]["native"]
-    assert "--reservation=ws---uid0" in hostile, hostile
-    assert not any(o.startswith("--uid") for o in hostile), hostile
+    assert submit["script"]["reservation_id"] == "workshop"
+    cpu_only = yaml(render("submit.yml.erb", num_gpus="0", reservation=""))["script"]
+    assert not any(o.startswith("--gpus") for o in cpu_only["native"]), cpu_only
+    assert "reservation_id" not in cpu_only
+    greedy = yaml(render("submit.yml.erb", num_gpus="8", num_cores="999"))["script"]["native"]
+    assert "--gpus-per-node=1" in greedy and "--cpus-per-task=32" in greedy, greedy
+    hostile = yaml(render("submit.yml.erb", reservation='ws"\n  uid: "0'))["script"]
+    assert hostile["reservation_id"] == "wsuid0" and "uid" not in hostile, hostile
 
 
 def job_script(host: str, port: int, **values) -> str:

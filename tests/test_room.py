@@ -3,6 +3,7 @@ exercise, `python -m dpcourse.course room DIR` shows the room. A room of simulat
 damaged and a half-written record among theirs, a room that cannot be written, and make check's
 own writing."""
 import json
+import os
 import subprocess
 import sys
 
@@ -128,3 +129,16 @@ def test_make_checks_verdicts_reach_the_room_and_an_unwritable_room_does_not_fai
     assert again.returncode == done.returncode and "1 of 2 exercises pass" in again.stdout
     assert again.stdout.count("warning: could not write") == 1, again.stdout
     assert json.loads(next(where.glob("*/01-tiny.exercise-2.json")).read_text())["learner"]
+
+
+def test_a_record_written_under_a_private_umask_is_still_readable_by_the_instructor(tmp_path):
+    """A learner's server job runs with umask 077 (dpcourse.hub): the record must still be readable
+    by the instructor's view, another user."""
+    old = os.umask(0o077)
+    try:
+        assert room.record(tmp_path, "05_one_process_to_ddp", "1", "pass", learner="ana") is None
+    finally:
+        os.umask(old)
+    folder = tmp_path / "ana"
+    assert folder.stat().st_mode & 0o777 == 0o755
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in folder.iterdir())

@@ -37,18 +37,20 @@ LEARNER_TREE = ("README.md", "Makefile", "pyproject.toml", "environment.yml", "n
 # Each learner's server: one Slurm job, submitted as the learner. batchspawner fills in the
 # {{...}} (jinja2): the form's choices, the prologue and the server's command.
 BATCH_SCRIPT = """#!/bin/bash
-#SBATCH --job-name=dpcourse-hub
+#SBATCH --job-name=dpcourse-jupyter
 #SBATCH --output={{homedir}}/dpcourse-jupyter-%j.log
 #SBATCH --chdir={{homedir}}
 #SBATCH --export={{keepvars}}
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
+#SBATCH --no-requeue
 {% if account %}#SBATCH --account={{account}}
 {% endif %}{% if partition %}#SBATCH --partition={{partition}}
 {% endif %}{% if reservation %}#SBATCH --reservation={{reservation}}
-{% endif %}{% if runtime %}#SBATCH --time={{runtime}}
-{% endif %}{% if nprocs %}#SBATCH --cpus-per-task={{nprocs}}
-{% endif %}{% if gres %}#SBATCH --gres={{gres}}
+{% endif %}{% if time %}#SBATCH --time={{time}}
+{% endif %}{% if cpus %}#SBATCH --cpus-per-task={{cpus}}
+{% endif %}{% if gpus and gpus != "0" %}#SBATCH --gpus-per-node={{gpus}}
+{% endif %}{% if memory %}#SBATCH --mem={{memory}}
 {% endif %}
 set -euo pipefail
 umask 077
@@ -57,7 +59,8 @@ trap 'echo "dpcourse: the server was stopped (from the hub, or by the time limit
 {{cmd}}
 """
 
-TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$")  # Slurm's D-HH:MM:SS or HH:MM:SS
+TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):([0-5]\d):([0-5]\d)$")  # D-HH:MM:SS or HH:MM:SS
+FIELDS = ("account", "partition", "reservation", "time", "cpus", "gpus")  # the form's, and no more
 
 
 def _seconds(limit: str) -> int:
@@ -79,7 +82,8 @@ class Settings:
     cpus: int = 8
     gpus: int = 1
     max_cpus: int = 16
-    max_gpus: int = 4
+    max_gpus: int = 1
+    memory: str = ""
     max_time: str = "08:00:00"
     idle_timeout: int = 3600
     cull_every: int = 60
@@ -87,12 +91,15 @@ class Settings:
     data: str = ""
     room_records: str = ""
     admins: tuple = ()
+    allowed_groups: tuple = ()
+    site_prologue: str = ""
+    poll_s: int = 5
     bind_url: str = "http://127.0.0.1:8000"
     hub_bind_url: str = "http://127.0.0.1:8081"
     hub_connect_url: str = ""
     proxy: str = ""
     state: Path = Path()
-    start_timeout: int = 300
+    start_timeout: int = 1200
 
     @classmethod
     def from_env(cls, **given) -> Settings:
@@ -103,12 +110,12 @@ class Settings:
             value = given.get(f.name, f.default) if raw is None else raw
             if f.type in ("int", int):
                 value = int(value)
-            elif f.name == "admins" and isinstance(value, str):
+            elif f.name in ("admins", "allowed_groups") and isinstance(value, str):
                 value = tuple(v for v in value.replace(",", " ").split() if v)
             values[f.name] = value
         s = cls(**values)
         s.course = Path(s.course).resolve()
-        s.state = Path(s.state) if str(s.state) not in ("", ".") else s.course / "build" / "room"
+        s.state = Path(s.state) if str(s.state) not in ("", ".") else Path("/var/lib/dpcourse-hub")
         s.state.mkdir(parents=True, exist_ok=True)
         s.state.chmod(0o700)  # the hub's database and cookie secret: root's alone
         s.hub_connect_url = s.hub_connect_url or s.hub_bind_url
@@ -120,7 +127,7 @@ class Settings:
     def prologue(self) -> str:
         """The job's lines before the server: the course's environment, the learner's copy, and
         the variables every notebook and `make check` read."""
-        lines = []
+        lines = [self.site_prologue] if self.site_prologue else []  # e.g. module load apptainer
         if not self.container:
             venv = shlex.quote(str(self.course / ".venv" / "bin"))
             lines += [f"export PATH={venv}:$PATH",
@@ -160,8 +167,19 @@ class Settings:
     def options_from_form(self, form: dict) -> dict:
         """The form's values, checked, as the batch script's variables. A wrong value is refused
         with what to change (JupyterHub shows the message above the form)."""
+        return self.checked({k: (v or [""])[0] for k, v in form.items()})
+
+    def pre_spawn_hook(self, spawner) -> None:
+        """Every start, from the form or the REST API: only the form's fields, checked again, reach
+        the job script (batchspawner merges user_options into its variables as they come)."""
+        spawner.user_options = self.checked(spawner.user_options or {})
+
+    def checked(self, given: dict) -> dict:
+        """``given``'s values of the form's fields (FIELDS; anything else is dropped), checked
+        against the room's limits; a wrong one is refused with what to change."""
         def one(name, default=""):
-            return (form.get(name) or [default])[0].strip()
+            value = str(given.get(name, "") or "").strip()
+            return value or default
 
         words = {k: one(k) for k in ("account", "partition", "reservation")}
         for k, v in words.items():
@@ -176,8 +194,27 @@ class Settings:
             raise ValueError("CPUs and GPUs are whole numbers") from None
         if not 1 <= cpus <= self.max_cpus or not 0 <= gpus <= self.max_gpus:
             raise ValueError(f"CPUs 1 to {self.max_cpus}, GPUs 0 to {self.max_gpus}")
-        return {**words, "runtime": limit, "nprocs": str(cpus),
-                "gres": f"gpu:{gpus}" if gpus else ""}
+        return {**words, "time": limit, "cpus": str(cpus), "gpus": str(gpus),
+                "memory": self.memory}
+
+
+def unsafe_for_root(paths) -> list[str]:
+    """What root must not run or read from ``paths``: a file or a folder on the way to it that a
+    user other than root owns or may write (a root-owned sticky folder such as /tmp excepted).
+    Whoever can change what the hub runs as root is root."""
+    problems = []
+    for path in paths:
+        path = Path(path).absolute()
+        for p in [*reversed(path.parents), path]:
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                break
+            sticky = st.st_mode & 0o1000 and st.st_uid == 0
+            if st.st_uid != 0 or (st.st_mode & 0o022 and not sticky):
+                problems.append(f"{p} (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+                break
+    return list(dict.fromkeys(problems))
 
 
 def prepare(course: Path, dest: Path | None = None) -> Path:

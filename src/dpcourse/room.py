@@ -64,9 +64,11 @@ def record(room: str | os.PathLike, notebook: str, exercise: str, verdict: str, 
     try:
         folder = Path(room) / _slug(learner)
         folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o755)  # the instructor reads it, whatever the learner's umask (077 in a job)
         path = folder / f"{_slug(notebook)}.{_slug(exercise)}.json"
         tmp = folder / f".{path.name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(entry))
+        tmp.chmod(0o644)
         os.replace(tmp, path)  # whole or not at all: the view never reads half a record
         return None
     except Exception as err:  # noqa: BLE001 - whatever stops the write, the learner's check goes on
