@@ -13,8 +13,8 @@ JSON-lines log (--log-json) and the checkpoints; the test set is split between t
 their counts are summed, so every one of the 10,000 test images is counted exactly once.
 Every line that exists because of distribution is marked `# DDP:`.
 
-Reading it for the first time: main() at the bottom tells the story; Trainer.run_step() is one
-step, where DDP averages the gradients; Trainer.save() is where rank 0 saves; skip send_less().
+First reading: main() tells the story and splits the data (the DistributedSampler); DDP averages
+the gradients in Trainer.run_step(); rank 0 saves in Trainer.save(); skip send_less().
 """
 import argparse
 import math
@@ -69,7 +69,7 @@ def scaled_lr(args, batch, world_size):
 def evaluate(model, test_set, env, dtype=torch.float32, batch=1000):
     """Loss and accuracy over the whole test set, each image counted exactly once."""
     model.eval()
-    # DDP: rank r takes images r, r+K, r+2K, ...: no padding, unlike DistributedSampler's.
+    # DDP: rank r of K takes images r, r+K, r+2K, ...: no padding, unlike DistributedSampler's.
     shard = torch.arange(env.rank, len(test_set), env.world_size, device=env.device)
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, correct, count
     with torch.no_grad():
@@ -132,7 +132,7 @@ class Trainer:
             x = x.contiguous(memory_format=torch.channels_last)
             y = y.to(device, non_blocking=True)
             self.timer.lap("data")
-            if i == 0 and self.env.rank == 0:  # epoch = step / steps per epoch
+            if i == 0 and self.env.rank == 0:  # the epoch's first labels: set_epoch's new order
                 self.log.write("epoch_start", epoch=epoch, step=p["step"],
                                first_labels=y[:8].tolist())
             loss = self.run_step(x, y, p["step"])
@@ -160,7 +160,7 @@ class Trainer:
         for j, (xm, ym) in enumerate(zip(x.chunk(args.accumulate), y.chunk(args.accumulate))):
             quiet = (j < args.accumulate - 1 or local) and not args.no_ddp  # not the last one
             with model.no_sync() if quiet else nullcontext():  # DDP: no all-reduce yet
-                with self.amp:  # /accumulate: the mean over the whole batch
+                with self.amp:  # (below, / accumulate: the mean over the whole batch)
                     loss = F.cross_entropy(model(xm), ym) / args.accumulate
                 timer.lap("forward")
                 loss.backward()  # DDP: gradients are averaged across ranks while backward runs

@@ -5,7 +5,7 @@
         --data-root data/imagenet-mini --arch resnet18 --image-size 64 --batch-size 16 --epochs 4
     torchrun --standalone --nproc-per-node 8 solutions/labs/imagenet_ddp.py \\
         --data-root /shared/imagenet --stage-to "$TMPDIR/imagenet" # one GPU node, ImageNet
-    torchrun --standalone --nproc-per-node 1 solutions/labs/imagenet_ddp.py \
+    torchrun --standalone --nproc-per-node 1 solutions/labs/imagenet_ddp.py \\
         --synthetic --max-steps 200                                # the GPU's speed alone
     sbatch slurm/imagenet.sbatch                                   # several nodes
 
@@ -136,7 +136,7 @@ class Trainer:
     def __init__(self, args, env, model, opt, sched, *, precision, sampler, batch, data, config,
                  progress, log, caught):
         self.args, self.env, self.model, self.opt, self.sched = args, env, model, opt, sched
-        self.amp, self.scaler, self.fmt, _ = precision  # autocast, loss scaling, channels_last
+        self.amp, self.scaler, self.fmt, _ = precision  # autocast, loss scaling, layout; (name)
         self.sampler, self.batch, self.config = sampler, batch, config
         self.progress, self.log, self.caught = progress, log, caught
         self.train_set, self.val_set, self.fake = data  # (None, None, a random batch): --synthetic

@@ -10,7 +10,8 @@ import argparse
 class Defaults(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
-        if ("default" in text or action.default in (None, False, argparse.SUPPRESS)
+        # `is`, not `in`: a default of 0 (--seed) is a real default, though 0 == False
+        if ("default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS))
                 or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)".lstrip()
