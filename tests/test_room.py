@@ -142,3 +142,18 @@ def test_a_record_written_under_a_private_umask_is_still_readable_by_the_instruc
     folder = tmp_path / "ana"
     assert folder.stat().st_mode & 0o777 == 0o755
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in folder.iterdir())
+
+
+def test_a_record_in_another_learner_s_name_is_skipped_and_named(tmp_path):
+    """The room folder is writable by all (1777): a record whose file belongs to one user but names
+    another learner is not counted, and is listed under the grid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to write a file as another user")
+    assert room.record(tmp_path, "05_one_process_to_ddp", "1", "pass", learner="ana") is None
+    forged = tmp_path / "ana" / "05_one_process_to_ddp.2.json"
+    forged.write_text(json.dumps({"learner": "ana", "notebook": "05_one_process_to_ddp",
+                                  "exercise": "2", "verdict": "pass", "message": "", "time": 1}))
+    os.chown(forged, 65534, 65534)  # nobody's file, in ana's name
+    records, problems = room.read_room(tmp_path)
+    assert [(r["learner"], r["exercise"]) for r in records] == [("ana", "1")]
+    assert any("not by ana" in p for p in problems), problems

@@ -76,6 +76,21 @@ def record(room: str | os.PathLike, notebook: str, exercise: str, verdict: str, 
                 f"({type(err).__name__}: {err}); your check itself is not affected.")
 
 
+def _owner(path: Path) -> str | None:
+    """The user name of the file's owner, or None when root wrote it (the instructor's own tools)
+    or the owner has no name here. In a room folder anyone may write (mode 1777), a learner could
+    otherwise write records in another learner's name."""
+    import pwd
+
+    uid = path.stat().st_uid
+    if uid == 0:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
 def read_room(room: str | os.PathLike) -> tuple[list[dict], list[str]]:
     """(records, problems): every record in ``room``; a file that is damaged or not a record is
     skipped, and named in ``problems``."""
@@ -87,6 +102,8 @@ def read_room(room: str | os.PathLike) -> tuple[list[dict], list[str]]:
                     or not {"learner", "notebook", "exercise", "verdict"} <= entry.keys() \
                     or entry["verdict"] not in VERDICTS:
                 raise ValueError("not a record")
+            if (owner := _owner(path)) not in (None, entry["learner"]):
+                raise ValueError(f"written by {owner}, not by {entry['learner']}")
             records.append(entry)
         except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
             problems.append(f"{path.relative_to(room)}: skipped "
