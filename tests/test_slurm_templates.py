@@ -48,6 +48,11 @@ def test_every_template_sets_the_basics():
         for what in ("--account", "--partition", "--reservation", "--time"):
             assert re.search(rf"^#+SBATCH {what}=.*EDIT", text, re.M), \
                 f"{name}: no {what} line to EDIT"
+        # what some sites ask for, switched off until a '#' is deleted: memory (per GPU or per
+        # node; a CPU job: per node), a node feature, a QOS; the same set in every template
+        for what in ("--mem(-per-gpu)?", "--constraint", "--qos"):
+            assert re.search(rf"^##SBATCH {what}=EDIT ", text, re.M), \
+                f"{name}: no ##SBATCH {what}=EDIT line"
     env = (SLURM_DIR / "env.sh").read_text()
     assert "SRUN_CPUS_PER_TASK" in env and "NCCL_DEBUG" in env and "NCCL_SOCKET_IFNAME" in env
     assert "scontrol show hostnames" in env and "--resume auto" in env
