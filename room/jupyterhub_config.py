@@ -13,18 +13,16 @@ the reservation. docs/instructor.md, "A room", is the guide; read its security n
 Set the room once, below (EDIT), or through the DPCOURSE_HUB_* variables of the same names.
 """
 import os
-import shutil
+import runpy
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from dpcourse import hub
-
 c = get_config()  # noqa: F821 - JupyterHub provides get_config() to its configuration file
+COURSE = Path(__file__).resolve().parent.parent  # the checkout the learners' copies come from
 
 # ---------------------------------------------------------------- EDIT: the room, set once
-ROOM = hub.Settings.from_env(
-    course=Path(__file__).resolve().parent.parent,  # the checkout the learners' copies come from
+EDIT = dict(
     account="",            # the training account (sbatch --account); "" for the site's default
     partition="",          # e.g. "gpu"
     reservation="",        # the workshop's reservation, if the centre made one
@@ -32,33 +30,48 @@ ROOM = hub.Settings.from_env(
     max_time="08:00:00",   # reservation: a job that would outlast it never starts
     cpus=8, max_cpus=16,   # CPUs per server, and the most the form allows
     gpus=1, max_gpus=1,    # GPUs per server (0: a CPU-only room), and the most
-    memory="",             # sbatch --mem per server, e.g. "32G"; "" for the site's default
+    memory=16, max_memory=64,  # GB per server (sbatch --mem), and the most; 0: the site's default
     idle_timeout=3600,     # seconds without activity before a server is stopped
     container="",          # the course's .sif: run the servers in it instead of .venv
-    site_prologue="",      # lines the job runs first, e.g. "module load apptainer"
+    site_prologue="",      # lines the job runs first, in a login environment: "module load ..."
     data="",               # DPCOURSE_DATA for every server (a shared, read-only copy)
     room_records="",       # DPCOURSE_ROOM: where `make check` leaves records for the live view
-    allowed_groups=(),     # who may log in: the training group, e.g. ("trn01",)
+    allowed_groups=(),     # who may log in: the training group, e.g. ("trn01",); required
     admins=(),             # instructors: the admin page, start and stop servers (not enter them)
-    state="/var/lib/dpcourse-hub",  # the hub's database and cookie secret: local disk, root's
+    pam_service="dpcourse-hub",     # /etc/pam.d/dpcourse-hub, from room/pam/dpcourse-hub
+    state="/var/lib/dpcourse-hub",  # the hub's database and cookie secret: the hub's user's alone
 )
 # ----------------------------------------------------------------
 
-# Root runs this hub: everything it runs or reads must be root's alone. A course folder that the
-# project group may write would make any of its members root.
-RUNS = [ROOM.course / "room", ROOM.course / "src", ROOM.course / ".venv", ROOM.proxy, ROOM.state]
-if os.geteuid() == 0 and (unsafe := hub.unsafe_for_root(RUNS)):
-    sys.exit("dpcourse hub: root would run or read files that others may change:\n  "
-             + "\n  ".join(unsafe) + "\nInstall the course root-owned (e.g. under /opt), or run "
-             "the hub as a service user (docs/instructor.md, 'A room').")
+# The hub runs as a service user (docs/instructor.md, "Deploying the hub"). As root, everything it
+# runs or reads must be root's alone, since whoever could change it would be root: checked file by
+# file (room/rootcheck.py, standard library only) before the course's library is imported.
+EXTRA = os.environ.get("DPCOURSE_HUB_EXTRA_CONFIG", "")  # tests and make room-demo add to this file
+if os.geteuid() == 0:
+    check = runpy.run_path(str(COURSE / "room" / "rootcheck.py"))
+    trees = check["hub_trees"](COURSE, os.environ.get("DPCOURSE_HUB_STATE") or EDIT["state"],
+                               os.environ.get("DPCOURSE_HUB_PROXY", ""))
+    if problem := check["first_unsafe"]([*trees, EXTRA]):
+        sys.exit(f"dpcourse hub: root would run or read what others may change: {problem}\n"
+                 "Run the hub as its service user (docs/instructor.md, 'Deploying the hub'), or "
+                 "install the course root-owned and writable by root alone.")
+elif EXTRA and ((st := os.stat(EXTRA)).st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
+    sys.exit(f"dpcourse hub: {EXTRA} may be changed by others: not loaded")
 
-# Who: the site's accounts (PAM, as ssh uses them), the training group only, never root. On a site
-# with single sign-on (and MFA), use its OAuthenticator instead: PAM passwords skip ssh's MFA.
+from dpcourse import hub, hubspawner  # noqa: E402 - after the check above
+
+ROOM = hub.Settings.from_env(course=COURSE, **EDIT)
+if refusals := ROOM.refusals():
+    sys.exit("dpcourse hub: not started: " + "; ".join(refusals))
+ROOM.make_state()
+
+# Who: the site's accounts (PAM, through the course's own service, so the site's rules for a web
+# log-in live in one file), the training group only, never root. On a site with single sign-on
+# (and MFA), use its OAuthenticator instead.
 c.JupyterHub.authenticator_class = "pam"
-if ROOM.allowed_groups:
-    c.Authenticator.allowed_groups = set(ROOM.allowed_groups)
-else:
-    c.Authenticator.allow_all = True  # every account PAM accepts: set allowed_groups for a room
+c.PAMAuthenticator.service = ROOM.pam_service
+c.PAMAuthenticator.open_sessions = False  # a learner's session is their Slurm job
+c.Authenticator.allowed_groups = set(ROOM.allowed_groups)
 c.Authenticator.blocked_users = {"root"}
 # Instructors see the room and start or stop servers; JupyterHub's admin role could also enter
 # every learner's server and run code as them, which no centre allows.
@@ -86,9 +99,12 @@ c.JupyterHub.cookie_secret_file = str(ROOM.state / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(ROOM.state / "jupyterhub-proxy.pid")
 c.JupyterHub.cleanup_servers = False  # restarting the hub leaves the learners' jobs running
 
-# What: each learner's server, a Slurm job submitted as the learner.
-c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
-import batchspawner  # noqa: E402, F401 - adds the hub API a server reports its port to
+# What: each learner's server, a Slurm job submitted as the learner (sudo -u). The course's
+# spawner (dpcourse.hubspawner): batchspawner's SlurmSpawner, whose API call from the servers takes
+# a port and nothing else, which never forgets a job on a failed squeue, and which cancels what it
+# gives up on.
+c.JupyterHub.spawner_class = hubspawner.RoomSpawner
+hubspawner.install_port_report()
 
 c.Spawner.start_timeout = ROOM.start_timeout   # a job may wait this long in the queue
 c.Spawner.http_timeout = 300                   # and its JupyterLab this long to answer
@@ -98,13 +114,9 @@ c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~/dpcourse"
 c.Spawner.env_keep = ["LANG", "LC_ALL", "SLURM_CONF"]  # nothing else of the hub's environment
 c.Spawner.pre_spawn_hook = ROOM.pre_spawn_hook  # the form's fields only, checked, also via the API
-# sbatch, squeue and scancel as the learner, by their full paths (sudo's secure_path may not hold
-# the site's Slurm)
-c.BatchSpawnerBase.exec_prefix = "sudo -E -u {username}"
-slurm = {cmd: shutil.which(cmd) or cmd for cmd in ("sbatch", "squeue", "scancel")}
-c.SlurmSpawner.batch_submit_cmd = f"{slurm['sbatch']} --parsable"
-c.SlurmSpawner.batch_query_cmd = f"{slurm['squeue']} -h -j {{job_id}} -o '%T %B'"
-c.SlurmSpawner.batch_cancel_cmd = f"{slurm['scancel']} {{job_id}}"
+c.BatchSpawnerBase.exec_prefix = ""  # each command below holds its own sudo -u {username}
+for name, command in hub.slurm_commands().items():
+    setattr(c.RoomSpawner, name, command)
 c.SlurmSpawner.req_srun = ""                   # one process: the server itself
 c.SlurmSpawner.batch_script = hub.BATCH_SCRIPT
 c.SlurmSpawner.req_prologue = ROOM.prologue()
@@ -119,9 +131,7 @@ c.JupyterHub.services = [{
                 f"--timeout={ROOM.idle_timeout}", f"--cull-every={ROOM.cull_every}"],
 }]
 
-# Tests and `make room-demo` add to this file through DPCOURSE_HUB_EXTRA_CONFIG: only a file root
-# owns and only root may write, since this configuration runs as root.
-if extra := os.environ.get("DPCOURSE_HUB_EXTRA_CONFIG"):
-    if os.geteuid() == 0 and hub.unsafe_for_root([extra]):
-        sys.exit(f"dpcourse hub: {extra} is not root's alone: not loaded")
-    load_subconfig(extra)  # noqa: F821 - JupyterHub's
+# Tests and `make room-demo` add to this file: only a file that its owner (root or the hub's user)
+# alone may write, checked above.
+if EXTRA:
+    load_subconfig(EXTRA)  # noqa: F821 - JupyterHub's

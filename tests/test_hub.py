@@ -11,6 +11,7 @@ printed, and the screenshots go to build/room/.
 Root only (the hub runs as root and submits as each learner through sudo); skipped elsewhere,
 except in CI (CI=true), which has what it needs (.ci/run).
 """
+import argparse
 import json
 import os
 import re
@@ -76,38 +77,6 @@ def _jobs(slurm) -> dict[str, str]:
 
 
 @pytest.fixture
-def learners(slurm):
-    """Two local accounts with passwords, able to reach the course's Python; removed after."""
-    for tool in ("sudo", "setfacl", "useradd", "chpasswd"):
-        if not shutil.which(tool):
-            _missing(f"no {tool} (apt-get install sudo acl passwd)")
-    if os.geteuid() != 0:
-        _missing("the hub runs as root (it submits each learner's job as that learner)")
-    names = [f"dpt{secrets.token_hex(3)}" for _ in range(2)]
-    passwords = {n: secrets.token_urlsafe(12) for n in names}
-    lent = []
-    before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
-    try:
-        for n in names:
-            hub.add_learner(n, passwords[n])
-            lent.append(hub.lend_access(n, hub.course_paths(ROOT)))
-            lent[-1].__enter__()
-        yield passwords
-    finally:
-        for n in names:  # their jobs first (the hub leaves jobs running when it stops)
-            slurm.run(["scancel", "-u", n])
-        _until("the learners' jobs ended", lambda: not set(_jobs(slurm).values()) & set(names), 60,
-               None)
-        for ctx in reversed(lent):  # the last lent first: each puts back the ACL it found
-            ctx.__exit__(None, None, None)
-        for n in names:
-            hub.remove_learner(n)
-        assert not any(n in line for n in names for line in open("/etc/passwd")), "a learner stayed"
-        assert not any(hub.unreachable([p], "nobody") != before[p] for p in before), \
-            "a folder's ACL was not put back"
-
-
-@pytest.fixture
 def proxy():
     """configurable-http-proxy, as make room-setup installs it (npm) into build/room/."""
     proxy = ROOT / "build" / "room" / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -121,42 +90,64 @@ def proxy():
 
 
 @pytest.fixture
-def room(slurm, learners, proxy, tmp_path):
-    """The hub, as room/jupyterhub_config.py sets it up, against the local Slurm: (url, log)."""
+def room(slurm, proxy, tmp_path):
+    """The hub, as room/jupyterhub_config.py sets it up, against the local Slurm, run as its service
+    user through real sudo (hub.local_room: the training group with two learners, the service user,
+    its sudoers rule, the course's PAM service). A namespace: url, api (the hub's own API address,
+    which the servers call), log, took (s to start), passwords, service, group."""
+    for tool in ("sudo", "visudo", "setfacl", "useradd", "groupadd", "chpasswd"):
+        if not shutil.which(tool):
+            _missing(f"no {tool} (apt-get install sudo acl passwd)")
+    if os.geteuid() != 0:
+        _missing("the test makes local accounts, a sudoers rule and a PAM service (root)")
+    names = [f"dpt{secrets.token_hex(3)}" for _ in range(2)]
+    before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
     port, hub_port = free_port(), free_port()
-    (tmp_path / "extra.py").write_text(EXTRA)
-    state = tmp_path / "state"
-    env = {**os.environ, **slurm.env, "DPCOURSE_HUB_STATE": str(state),
-           "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
-           "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{hub_port}",
-           "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_TIME": "00:20:00",
-           "DPCOURSE_HUB_DATA": str(ROOT / "data"),
-           "DPCOURSE_HUB_EXTRA_CONFIG": str(tmp_path / "extra.py")}
+    extra = tmp_path / "extra.py"
+    extra.write_text(EXTRA)
+    extra.chmod(0o644)
     log = tmp_path / "hub.log"
-    proc = hub.start_hub(ROOT, env, log)
-    try:
-        took = hub.wait_up(f"http://127.0.0.1:{port}", proc, log)
-        print(f"the hub answered {took:.1f} s after it started", flush=True)
-        yield f"http://127.0.0.1:{port}", log, took
-    finally:
-        hub.stop_hub(proc)
-        _stop([], "dpcourse-hub-test")  # the driver's Chromium, should it outlive the driver
+    with hub.local_room(ROOT, names, tmp_path / "state") as accounts:
+        env = {**os.environ, **slurm.env, **accounts.env,
+               "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
+               "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{hub_port}",
+               "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_TIME": "00:20:00",
+               "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
+               "DPCOURSE_HUB_DATA": str(ROOT / "data"), "DPCOURSE_HUB_EXTRA_CONFIG": str(extra)}
+        proc = hub.start_hub(ROOT, env, log, user=accounts.service)
+        try:
+            took = hub.wait_up(f"http://127.0.0.1:{port}", proc, log)
+            print(f"the hub answered {took:.1f} s after it started", flush=True)
+            yield argparse.Namespace(url=f"http://127.0.0.1:{port}",
+                                     api=f"http://127.0.0.1:{hub_port}", log=log, took=took,
+                                     hub_env=env, **vars(accounts))
+        finally:
+            hub.stop_hub(proc)
+            _stop([], "dpcourse-hub-test")  # the driver's Chromium, should it outlive the driver
+            for n in names:  # their jobs first (the hub leaves jobs running when it stops)
+                slurm.run(["scancel", "-u", n])
+            _until("the learners' jobs ended",
+                   lambda: not set(_jobs(slurm).values()) & set(names), 60, None)
+    assert not any(n in line for n in [*names, accounts.service] for line in open("/etc/passwd")), \
+        "an account stayed"
+    assert not any(hub.unreachable([p], "nobody") != before[p] for p in before), \
+        "a folder's ACL was not put back"
 
 
-def test_two_learners_in_the_room(node, room, learners, slurm):  # noqa: F811 - node: the fixture
-    base, log, hub_s = room
-    first, second = list(learners)
+def test_two_learners_in_the_room(node, room, slurm):  # noqa: F811 - node: the fixture
+    base, log, hub_s = room.url, room.log, room.took
+    first, second = list(room.passwords)
     names = {first, second}
 
     # The second learner's server, started through the hub's API (as an instructor's script
     # could): a Slurm job of that learner's, on an emulated node.
     _api(base, "POST", f"/users/{second}")  # the hub knows a learner once they exist there
     _api(base, "POST", f"/users/{second}/server",
-         {"time": "00:20:00", "cpus": "1", "gpus": "0", "account": "", "partition": "",
-          "reservation": ""})
+         {"time": "00:20:00", "cpus": "1", "gpus": "0", "memory": "1", "account": "",
+          "partition": "", "reservation": ""})
 
     # The first learner, in the browser: log in, the form, Start, a notebook, another's server.
-    env = {**os.environ, "DPCOURSE_TEST_PASSWORD": learners[first]}
+    env = {**os.environ, "DPCOURSE_TEST_PASSWORD": room.passwords[first]}
     done = subprocess.run([node, str(DRIVER), f"--hub={base}", f"--user={first}",
                            "--password-env=DPCOURSE_TEST_PASSWORD",
                            "--notebook=notebooks/00_setup.ipynb", f"--other={second}",

@@ -36,8 +36,9 @@ LEARNER_TREE = ("README.md", "Makefile", "pyproject.toml", "environment.yml", "n
 
 # Each learner's server: one Slurm job, submitted as the learner. batchspawner fills in the
 # {{...}} (jinja2): the form's choices, the prologue and the server's command.
+JOB_NAME = "dpcourse-room"  # each learner's server (their own jupyter.sbatch: dpcourse-jupyter)
 BATCH_SCRIPT = """#!/bin/bash
-#SBATCH --job-name=dpcourse-jupyter
+#SBATCH --job-name=""" + JOB_NAME + """
 #SBATCH --output={{homedir}}/dpcourse-jupyter-%j.log
 #SBATCH --chdir={{homedir}}
 #SBATCH --export={{keepvars}}
@@ -50,7 +51,7 @@ BATCH_SCRIPT = """#!/bin/bash
 {% endif %}{% if time %}#SBATCH --time={{time}}
 {% endif %}{% if cpus %}#SBATCH --cpus-per-task={{cpus}}
 {% endif %}{% if gpus and gpus != "0" %}#SBATCH --gpus-per-node={{gpus}}
-{% endif %}{% if memory %}#SBATCH --mem={{memory}}
+{% endif %}{% if memory and memory != "0" %}#SBATCH --mem={{memory}}G
 {% endif %}
 set -euo pipefail
 umask 077
@@ -60,7 +61,7 @@ trap 'echo "dpcourse: the server was stopped (from the hub, or by the time limit
 """
 
 TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):([0-5]\d):([0-5]\d)$")  # D-HH:MM:SS or HH:MM:SS
-FIELDS = ("account", "partition", "reservation", "time", "cpus", "gpus")  # the form's, and no more
+FIELDS = ("account", "partition", "reservation", "time", "cpus", "gpus", "memory")  # the form's
 
 
 def _seconds(limit: str) -> int:
@@ -83,7 +84,8 @@ class Settings:
     gpus: int = 1
     max_cpus: int = 16
     max_gpus: int = 1
-    memory: str = ""
+    memory: int = 16  # GB (sbatch --mem); 0: the site's default, which may be a whole node's
+    max_memory: int = 64
     max_time: str = "08:00:00"
     idle_timeout: int = 3600
     cull_every: int = 60
@@ -92,6 +94,7 @@ class Settings:
     room_records: str = ""
     admins: tuple = ()
     allowed_groups: tuple = ()
+    pam_service: str = "dpcourse-hub"  # /etc/pam.d/dpcourse-hub: room/pam/dpcourse-hub, the site's
     site_prologue: str = ""
     poll_s: int = 5
     bind_url: str = "http://127.0.0.1:8000"
@@ -116,18 +119,44 @@ class Settings:
         s = cls(**values)
         s.course = Path(s.course).resolve()
         s.state = Path(s.state) if str(s.state) not in ("", ".") else Path("/var/lib/dpcourse-hub")
-        s.state.mkdir(parents=True, exist_ok=True)
-        s.state.chmod(0o700)  # the hub's database and cookie secret: root's alone
         s.hub_connect_url = s.hub_connect_url or s.hub_bind_url
         local = s.course / "build" / "room" / "node_modules" / ".bin" / "configurable-http-proxy"
         s.proxy = s.proxy or (str(local) if local.exists()
                               else shutil.which("configurable-http-proxy") or str(local))
         return s
 
+    def make_state(self) -> Path:
+        """The hub's state folder (database, cookie secret), the hub's user's alone."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.state.chmod(0o700)
+        return self.state
+
+    def refusals(self) -> list[str]:
+        """Why the hub must not start with these settings (each with what to do), or []."""
+        out = []
+        if not self.allowed_groups:
+            out.append("allowed_groups is empty: name the training group (only its members log "
+                       "in), in room/jupyterhub_config.py or DPCOURSE_HUB_ALLOWED_GROUPS")
+        if not (Path("/etc/pam.d") / self.pam_service).is_file():
+            out.append(f"no PAM service /etc/pam.d/{self.pam_service}: install room/pam/"
+                       f"dpcourse-hub there with the site's rules (docs/instructor.md)")
+        return out
+
+    def _in_container(self) -> str:
+        """``apptainer exec`` of the course's image, with the course (what a learner's first start
+        copies) and the data and room folders bound at the same paths; "" without a container."""
+        if not self.container:
+            return ""
+        binds = ",".join(str(p) for p in (self.course, self.data, self.room_records) if p)
+        return f"apptainer exec --nv --bind {shlex.quote(binds)} {shlex.quote(self.container)} "
+
     def prologue(self) -> str:
-        """The job's lines before the server: the course's environment, the learner's copy, and
-        the variables every notebook and `make check` read."""
-        lines = [self.site_prologue] if self.site_prologue else []  # e.g. module load apptainer
+        """The job's lines before the server: the site's (in a login environment), the course's
+        environment, the learner's copy, and the variables every notebook and `make check` read."""
+        lines = []
+        if self.site_prologue:  # e.g. module load apptainer: `module` comes from /etc/profile.d
+            lines += ["set +eu; source /etc/profile; set -eu  # the login environment: module, "
+                      "the site's paths", self.site_prologue]
         if not self.container:
             venv = shlex.quote(str(self.course / ".venv" / "bin"))
             lines += [f"export PATH={venv}:$PATH",
@@ -137,16 +166,13 @@ class Settings:
         for name, value in (("DPCOURSE_DATA", self.data), ("DPCOURSE_ROOM", self.room_records)):
             if value:
                 lines.append(f"export {name}={shlex.quote(value)}")
-        run = "" if not self.container else f"apptainer exec --nv {shlex.quote(self.container)} "
         course = shlex.quote(str(self.course))
-        lines.append(f"{run}python -m dpcourse.hub prepare --course {course}")
+        lines.append(f"{self._in_container()}python -m dpcourse.hub prepare --course {course}")
         return "\n".join(lines)
 
     def singleuser_wrapper(self) -> str:
         """What runs `jupyterhub-singleuser` (batchspawner's port-reporting wrapper)."""
-        if self.container:
-            return f"apptainer exec --nv {shlex.quote(self.container)} batchspawner-singleuser"
-        return "batchspawner-singleuser"
+        return f"{self._in_container()}batchspawner-singleuser"
 
     def options_form(self) -> str:
         """The spawn page's form: account, partition, reservation, time, CPUs and GPUs, with the
@@ -162,6 +188,8 @@ class Settings:
             field("time", f"Time limit (HH:MM:SS, at most {self.max_time})", self.time),
             field("cpus", "CPUs", self.cpus, "number", f'min="1" max="{self.max_cpus}"'),
             field("gpus", "GPUs", self.gpus, "number", f'min="0" max="{self.max_gpus}"'),
+            field("memory", f"Memory in GB (at most {self.max_memory})", self.memory, "number",
+                  f'min="1" max="{self.max_memory}"'),
         ])
 
     def options_from_form(self, form: dict) -> dict:
@@ -190,31 +218,55 @@ class Settings:
             raise ValueError(f"time limit {limit}: give one above 0 and at most {self.max_time}")
         try:
             cpus, gpus = int(one("cpus", str(self.cpus))), int(one("gpus", str(self.gpus)))
+            memory = int(one("memory", str(self.memory)))
         except ValueError:
-            raise ValueError("CPUs and GPUs are whole numbers") from None
+            raise ValueError("CPUs, GPUs and memory (GB) are whole numbers") from None
         if not 1 <= cpus <= self.max_cpus or not 0 <= gpus <= self.max_gpus:
             raise ValueError(f"CPUs 1 to {self.max_cpus}, GPUs 0 to {self.max_gpus}")
+        if self.memory and not 1 <= memory <= self.max_memory:
+            raise ValueError(f"memory 1 to {self.max_memory} GB")
         return {**words, "time": limit, "cpus": str(cpus), "gpus": str(gpus),
-                "memory": self.memory}
+                "memory": str(memory if self.memory else 0)}
 
 
-def unsafe_for_root(paths) -> list[str]:
-    """What root must not run or read from ``paths``: a file or a folder on the way to it that a
-    user other than root owns or may write (a root-owned sticky folder such as /tmp excepted).
-    Whoever can change what the hub runs as root is root."""
-    problems = []
-    for path in paths:
-        path = Path(path).absolute()
-        for p in [*reversed(path.parents), path]:
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                break
-            sticky = st.st_mode & 0o1000 and st.st_uid == 0
-            if st.st_uid != 0 or (st.st_mode & 0o022 and not sticky):
-                problems.append(f"{p} (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
-                break
-    return list(dict.fromkeys(problems))
+def slurm_commands(sudo: str = "", which=shutil.which) -> dict:
+    """The hub's Slurm commands, each run as the learner through sudo, by full paths (sudo's
+    secure_path may not hold the site's Slurm). Only sbatch keeps the environment it is given
+    (-E: the server's own variables, its token among them); squeue and scancel get sudo's reset
+    one, so no variable of the hub's reaches a process the learner owns."""
+    sudo = sudo or which("sudo") or "/usr/bin/sudo"
+    sbatch, squeue, scancel = (which(c) or f"/usr/bin/{c}" for c in ("sbatch", "squeue", "scancel"))
+    return {"batch_submit_cmd": f"{sudo} -E -u {{username}} {sbatch} --parsable",
+            "batch_query_cmd": f"{sudo} -u {{username}} {squeue} -h -j {{job_id}} -o '%T %B'",
+            "batch_cancel_cmd": f"{sudo} -u {{username}} {scancel} {{job_id}}",
+            "batch_cancel_by_name_cmd": f"{sudo} -u {{username}} {scancel} --name={JOB_NAME} "
+                                        "--user={username}"}
+
+
+def sudoers(service_user: str, groups, which=shutil.which) -> str:
+    """/etc/sudoers.d/dpcourse-hub: the hub's service user may run sbatch, squeue and scancel as
+    the training group's members (never root), and nothing else; sbatch alone keeps its
+    environment (SETENV, for sudo -E). Check it with visudo -cf before installing it."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_.-]*", service_user):
+        raise ValueError(f"service user {service_user!r}: not a user name")
+    for g in groups:
+        if not re.fullmatch(r"[a-z_][a-z0-9_.-]*", g):
+            raise ValueError(f"group {g!r}: not a group name")
+    if not groups:
+        raise ValueError("name the training group(s) whose members the hub may act as")
+    sbatch, squeue, scancel = (which(c) or f"/usr/bin/{c}" for c in ("sbatch", "squeue", "scancel"))
+    learners = ", ".join(f"%{g}" for g in groups)
+    return f"""\
+# /etc/sudoers.d/dpcourse-hub (0440 root:root), from: python -m dpcourse.hub sudoers
+# The room's hub runs as {service_user} and submits, watches and cancels each learner's JupyterLab
+# as that learner: the members of {", ".join(groups)}, never root. Nothing else.
+Defaults:{service_user} env_keep += "SLURM_CONF"
+Runas_Alias DPCOURSE_LEARNERS = {learners}, !root
+Cmnd_Alias DPCOURSE_SUBMIT = {sbatch} --parsable
+Cmnd_Alias DPCOURSE_WATCH = {squeue} -h -j * -o %T %B, {scancel} *
+{service_user} ALL = (DPCOURSE_LEARNERS) NOPASSWD: SETENV: DPCOURSE_SUBMIT
+{service_user} ALL = (DPCOURSE_LEARNERS) NOPASSWD: DPCOURSE_WATCH
+"""
 
 
 def prepare(course: Path, dest: Path | None = None) -> Path:
@@ -290,10 +342,11 @@ def course_paths(course: Path) -> list[Path]:
     return [course / "pyproject.toml", python, Path(sys.base_prefix) / "lib"]
 
 
-def add_learner(name: str, password: str) -> None:
-    """A local Unix account with a home and a password (root only): a learner for the demo or the
-    test. remove_learner() takes it away again, home and all."""
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True,
+def add_learner(name: str, password: str, groups=()) -> None:
+    """A local Unix account with a home and a password (root only), in ``groups``: a learner for
+    the demo or the test. remove_learner() takes it away again, home and all."""
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash",
+                    *(["--groups", ",".join(groups)] if groups else []), name], check=True,
                    capture_output=True)
     subprocess.run(["chpasswd"], input=f"{name}:{password}", text=True, check=True,
                    capture_output=True)
@@ -311,11 +364,60 @@ def remove_learner(name: str) -> None:
         raise RuntimeError(f"could not remove the account {name}: userdel --remove {name}")
 
 
-def start_hub(course: Path, env: dict, log: Path) -> subprocess.Popen:
+@contextmanager
+def local_room(course: Path, names, state: Path, tag: str = ""):
+    """(root; the demo and the tests) A room's accounts on this machine, set up as the guide's
+    "Deploying the hub" sets them up on a login node: the training group with the learners
+    ``names`` (fresh passwords), the hub's service user (in shadow, for PAM), its sudoers rule
+    (``sudoers()``, checked by visudo) and the course's PAM service, each named with ``tag``; the
+    state folder the service user's. Yields a namespace (group, service, passwords, env: the
+    hub's DPCOURSE_HUB_* for them). Afterwards every account, file and ACL is gone or as it was."""
+    tag = tag or secrets.token_hex(3)
+    group, service = f"dpctrn{tag}", f"dpchub{tag}"
+    sudoers_file = Path(f"/etc/sudoers.d/dpcourse-hub-{tag}")
+    pam_file = Path(f"/etc/pam.d/dpcourse-hub-{tag}")
+    passwords = {n: secrets.token_urlsafe(12) for n in names}
+    made: list[str] = []
+    with ExitStack() as undo:
+        try:
+            subprocess.run(["groupadd", group], check=True, capture_output=True)
+            undo.callback(subprocess.run, ["groupdel", group], capture_output=True)
+            subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", str(state),
+                            "--shell", "/usr/sbin/nologin", "--groups", "shadow", service],
+                           check=True, capture_output=True)
+            made.append(service)
+            for n in names:
+                add_learner(n, passwords[n], groups=[group])
+                made.append(n)
+            rule = sudoers(service, [group])
+            checked = subprocess.run(["visudo", "-cf", "-"], input=rule, text=True,
+                                     capture_output=True)
+            if checked.returncode != 0:
+                raise RuntimeError(f"visudo refused the hub's sudoers rule: {checked.stderr}")
+            undo.callback(lambda: sudoers_file.unlink(missing_ok=True))
+            sudoers_file.write_text(rule)
+            sudoers_file.chmod(0o440)
+            undo.callback(lambda: pam_file.unlink(missing_ok=True))
+            shutil.copyfile(course / "room" / "pam" / "dpcourse-hub", pam_file)
+            state.mkdir(parents=True, exist_ok=True)
+            shutil.chown(state, service, service)
+            state.chmod(0o700)
+            for n in [service, *names]:
+                undo.enter_context(lend_access(n, [*course_paths(course), state]))
+            env = {"DPCOURSE_HUB_STATE": str(state), "DPCOURSE_HUB_ALLOWED_GROUPS": group,
+                   "DPCOURSE_HUB_PAM_SERVICE": pam_file.name, "HOME": str(state)}
+            yield argparse.Namespace(group=group, service=service, passwords=passwords, env=env)
+        finally:
+            for n in reversed(made):
+                remove_learner(n)
+
+
+def start_hub(course: Path, env: dict, log: Path, user: str = "") -> subprocess.Popen:
     """jupyterhub -f room/jupyterhub_config.py, in its own session (so that it and its proxy and
-    culler stop together), logging to ``log``."""
+    culler stop together), logging to ``log``; as ``user`` through sudo (with ``env``) if given."""
+    as_user = ["sudo", "-E", "-u", user, "--"] if user else []
     with open(log, "ab") as out:
-        return subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
+        return subprocess.Popen([*as_user, str(Path(sys.executable).parent / "jupyterhub"), "-f",
                                  str(course / "room" / "jupyterhub_config.py")],
                                 cwd=course, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -364,23 +466,21 @@ def demo(learners: int = 3, port: int = 8000) -> int:
         print(f"accounts {', '.join(taken)} already exist: the demo makes its own (userdel them, "
               "or they are another demo's)", file=sys.stderr)
         return 1
-    passwords = {n: secrets.token_urlsafe(9) for n in names}
     state = course / "build" / "room-demo"
     hub = None
-    with localslurm.start() as cluster, ExitStack() as lent:
+    with localslurm.start() as cluster, local_room(course, names, state / "hub") as room:
+        passwords = room.passwords
         try:
-            for n in names:
-                add_learner(n, passwords[n])
-                lent.enter_context(lend_access(n, course_paths(course)))
-            env = {**os.environ, **cluster.env, "DPCOURSE_HUB_STATE": str(state),
+            env = {**os.environ, **cluster.env, **room.env,
                    "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
                    "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_MAX_CPUS": "2",
                    "DPCOURSE_HUB_TIME": "01:00:00", "DPCOURSE_HUB_IDLE_TIMEOUT": "900",
+                   "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
                    "DPCOURSE_HUB_ROOM_RECORDS": str(state / "records"),
                    "DPCOURSE_DATA": str(course / "data")}
             (state / "records").mkdir(parents=True, exist_ok=True)
             (state / "records").chmod(0o1777)  # every learner writes; none removes another's
-            hub = start_hub(course, env, state / "hub.log")
+            hub = start_hub(course, env, state / "hub.log", user=room.service)
             took = wait_up(f"http://127.0.0.1:{port}", hub, state / "hub.log")
             print(f"\nThe room's hub is up (in {took:.1f} s): http://127.0.0.1:{port}\n")
             for n in names:
@@ -398,9 +498,6 @@ def demo(learners: int = 3, port: int = 8000) -> int:
             for n in names:  # the learners' servers: the hub leaves their jobs running
                 cluster.run(["scancel", "-u", n])
             cluster.settle()
-            lent.close()          # each folder's ACL as it was
-            for n in names:
-                remove_learner(n)
             print("the room is stopped: hub, jobs and accounts", flush=True)
     return 0
 
@@ -411,12 +508,18 @@ def main(argv=None) -> int:
     prep = sub.add_parser("prepare", help="the learner's own copy of the course, if missing")
     prep.add_argument("--course", type=Path, required=True, help="the checkout to copy from")
     prep.add_argument("--dest", type=Path, default=None, help="default: ~/dpcourse")
+    su = sub.add_parser("sudoers", help="the sudoers rule of the hub's service user (stdout)")
+    su.add_argument("--user", default="dpcourse-hub", help="the hub's service user")
+    su.add_argument("--group", action="append", required=True, help="the training group")
     d = sub.add_parser("demo", help="a local Slurm, test learners and the hub, until Ctrl-C")
     d.add_argument("--learners", type=int, default=3)
     d.add_argument("--port", type=int, default=8000)
     args = p.parse_args(argv)
     if args.command == "prepare":
         prepare(args.course, args.dest)
+        return 0
+    if args.command == "sudoers":
+        print(sudoers(args.user, args.group), end="")
         return 0
     return demo(args.learners, args.port)
 

@@ -276,7 +276,8 @@ class Cluster:
 def _write_config(tmp: Path, ctld_port: int, node_ports: list[int]) -> None:
     # slurmctld only starts on the host SlurmctldHost names
     host = socket.gethostname().split(".")[0]
-    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS} "
+    # RealMemory (MB): what a job's --mem is checked against (not tracked: CR_CPU); 8 GB a node
+    nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS} RealMemory=8192 "
                       f"Gres=gpu:{GPUS} State=UNKNOWN" for n, p in zip(NODES, node_ports))
     # Pretend GPUs: slurmd wants a character device per GPU. These are /dev/null's (1, 3): nothing
     # uses them, and they point at no real GPU even on a machine that has some. Given devices, Slurm
