@@ -23,7 +23,7 @@ APP = ROOT / "room" / "ondemand" / "dpcourse_jupyter"
 FORM = {"shared_course": str(ROOT), "course_dir": str(ROOT), "environment": "venv",
         "container_image": "",
         "bc_account": "trn01", "bc_queue": "gpu", "reservation": "workshop", "bc_num_hours": "2",
-        "num_cores": "8", "num_gpus": "1"}
+        "num_cores": "8", "memory_gb": "16", "num_gpus": "1"}
 # Open OnDemand's job script: its header, its find_port and create_passwd, then before.sh and
 # script.sh (as its basic template puts them together)
 OOD_STUB = """#!/usr/bin/env bash
@@ -84,15 +84,42 @@ def test_submit_yml_renders_to_slurm_options_and_a_form_value_stays_a_word():
     submit = yaml(render("submit.yml.erb"))
     assert submit["batch_connect"]["template"] == "basic"
     native = submit["script"]["native"]
-    assert "--cpus-per-task=8" in native and "--gpus-per-node=1" in native
+    assert ("--cpus-per-task=8" in native and "--gpus-per-node=1" in native
+            and "--mem=16G" in native), native
+    assert submit["script"]["wall_time"] == 2 * 3600
     assert submit["script"]["reservation_id"] == "workshop"
     cpu_only = yaml(render("submit.yml.erb", num_gpus="0", reservation=""))["script"]
     assert not any(o.startswith("--gpus") for o in cpu_only["native"]), cpu_only
     assert "reservation_id" not in cpu_only
-    greedy = yaml(render("submit.yml.erb", num_gpus="8", num_cores="999"))["script"]["native"]
-    assert "--gpus-per-node=1" in greedy and "--cpus-per-task=32" in greedy, greedy
     hostile = yaml(render("submit.yml.erb", reservation='ws"\n  uid: "0'))["script"]
     assert hostile["reservation_id"] == "wsuid0" and "uid" not in hostile, hostile
+
+
+@pytest.mark.parametrize("posted, hours, cpus, memory, gpus", [
+    # what the form cannot send but a request made by hand can: each held to form.yml's max ...
+    ({"bc_num_hours": "720", "num_cores": "999", "memory_gb": "100000", "num_gpus": "8"},
+     8, 32, 64, 1),
+    # ... or its min: below it, negative, not a number, empty
+    ({"bc_num_hours": "0", "num_cores": "-4", "memory_gb": "1", "num_gpus": "-1"}, 1, 1, 4, 0),
+    ({"bc_num_hours": "-3", "num_cores": "many", "memory_gb": "lots", "num_gpus": "all"},
+     1, 1, 4, 0),
+    ({"bc_num_hours": "", "num_cores": "", "memory_gb": "", "num_gpus": ""}, 1, 1, 4, 0),
+])
+def test_the_job_gets_no_more_than_the_form_allows_whatever_is_posted(posted, hours, cpus,
+                                                                      memory, gpus):
+    """The form's min and max are the browser's: submit.yml.erb holds hours (Slurm's --time, from
+    wall_time, which takes the place of Open OnDemand's own unclamped bc_num_hours × 3600), CPUs,
+    memory and GPUs within the same limits, and form.yml says the same ones."""
+    script = yaml(render("submit.yml.erb", **posted))["script"]
+    native = script["native"]
+    assert script["wall_time"] == hours * 3600, script
+    assert f"--cpus-per-task={cpus}" in native and f"--mem={memory}G" in native, native
+    assert [o for o in native if o.startswith("--gpus")] == (
+        [f"--gpus-per-node={gpus}"] if gpus else []), native
+    limits = yaml((APP / "form.yml").read_text())["attributes"]
+    assert [(limits[k]["min"], limits[k]["max"]) for k in
+            ("bc_num_hours", "num_cores", "memory_gb", "num_gpus")] == [
+        (1, 8), (1, 32), (4, 64), (0, 1)], "form.yml's limits are not submit.yml.erb's"
 
 
 def job_script(host: str, port: int, **values) -> str:
