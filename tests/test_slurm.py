@@ -148,6 +148,76 @@ def test_the_clusters_daemons_end_when_their_starter_is_killed():
         time.sleep(0.1)
 
 
+# ---------------------------------------------------------------- n1 and n2 in /etc/hosts
+def _names(hosts, users):
+    """localslurm.node_names on a hosts file of the test's, with a resolver that reads that file."""
+    from dpcourse import localslurm
+
+    def resolves():
+        return any(line.split("#")[0].split()[:1] == ["127.0.0.1"]
+                   and {"n1", "n2"} <= set(line.split("#")[0].split()[1:])
+                   for line in hosts.read_text().splitlines())
+    return localslurm.node_names(hosts, users, resolves)
+
+
+def test_the_node_names_are_in_etc_hosts_only_while_a_cluster_runs(tmp_path):
+    """What localslurm.start() does to /etc/hosts, on a copy: the line goes in with the first
+    cluster and out with the last, whichever order they stop in, the file byte for byte as before
+    (its last line had no newline); a cluster killed before it stopped holds nothing."""
+    from dpcourse.localslurm import HOSTS_LINE
+
+    hosts, users = tmp_path / "hosts", tmp_path / "users"
+    before = "127.0.0.1 localhost\n::1 localhost ip6-localhost"
+    hosts.write_text(before)
+    with _names(hosts, users):
+        assert hosts.read_text() == f"{before}\n{HOSTS_LINE}\n"
+        with _names(hosts, users):  # a second cluster (a notebook's, beside the tests'): no more
+            assert hosts.read_text().count(HOSTS_LINE) == 1
+        assert HOSTS_LINE in hosts.read_text(), "taken out while the first cluster still runs"
+    assert hosts.read_text() == before
+    first, second = _names(hosts, users), _names(hosts, users)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first to start stops first
+    assert HOSTS_LINE in hosts.read_text(), "taken out while the second cluster still runs"
+    second.__exit__(None, None, None)
+    assert hosts.read_text() == before
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with pytest.raises(KeyboardInterrupt), _names(hosts, users):
+        # clusters killed before they could stop: a process gone, and a pid since reused
+        (users / f"{gone.pid}-4242-killed").touch()
+        (users / f"{os.getpid()}-0-reused").touch()
+        raise KeyboardInterrupt  # Ctrl-C in the middle: the line goes all the same
+    assert hosts.read_text() == before and not list(users.glob("[0-9]*"))
+
+
+def test_only_the_clusters_own_line_leaves_etc_hosts(tmp_path):
+    """A file edited while the cluster ran keeps every change but the cluster's line; a file whose
+    own line named n1 and n2 already is left as it was."""
+    hosts, users = tmp_path / "hosts", tmp_path / "users"
+    hosts.write_text("127.0.0.1 localhost\n")
+    with _names(hosts, users):
+        edited = hosts.read_text().replace("localhost", "localhost box") + "10.0.0.7 nfs\n"
+        hosts.write_text(edited)
+    assert hosts.read_text() == "127.0.0.1 localhost box\n10.0.0.7 nfs\n"
+    mine = "127.0.0.1 localhost\n127.0.0.1 n1 n2  # the admin's own\n"
+    hosts.write_text(mine)
+    with _names(hosts, users):
+        assert hosts.read_text() == mine
+    assert hosts.read_text() == mine
+
+
+def test_the_running_cluster_holds_the_node_names(slurm):
+    """The session's cluster, started by localslurm.start(), counts among those that need n1 and n2
+    (localslurm.node_names): its line stays in /etc/hosts until the cluster stops."""
+    from dpcourse import localslurm
+
+    assert any(localslurm._alive(entry)
+               for entry in localslurm.HOSTS_USERS.glob(f"{os.getpid()}-*")), \
+        list(localslurm.HOSTS_USERS.iterdir())
+
+
 def _state(slurm, job_id: str) -> str:
     """squeue's state for the job, or GONE once it has left the queue."""
     shown = slurm.run(["squeue", "--noheader", "--format=%i %T", f"--user={os.getuid()}"],

@@ -18,6 +18,8 @@ runs the tests, so that a job sees only what Slurm and the test give it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import json
 import os
 import re
 import shlex
@@ -87,19 +89,93 @@ def _loopback(name: str) -> bool:
         return False
 
 
-def _resolve_nodes() -> None:
-    """n1 and n2 must name this machine (slurmd looks itself up, jobs use MASTER_ADDR=n1)."""
-    if all(map(_loopback, NODES)):
-        return
-    line = f"127.0.0.1 {' '.join(NODES)}  # dpcourse test Slurm cluster"
-    print(f"{' and '.join(NODES)} must name this machine: adding to /etc/hosts (it stays; "
-          f"delete it when you no longer need the local cluster):  {line}",
-          file=sys.stderr, flush=True)
-    with open("/etc/hosts", "a") as hosts:
-        hosts.write(line + "\n")
-    if not all(map(_loopback, NODES)):
-        raise RuntimeError(f"{', '.join(NODES)} do not resolve to 127.0.0.1 even after adding them "
-                           "to /etc/hosts: check /etc/nsswitch.conf")
+# n1 and n2 must name this machine (slurmd looks itself up, jobs use MASTER_ADDR=n1). Where they do
+# not, the line below goes into /etc/hosts while a cluster runs, and only that line comes out again
+# when the last one stops: each running cluster (several processes may run one, a notebook's kernel
+# beside the tests) leaves a file named for it in HOSTS_USERS.
+HOSTS = Path("/etc/hosts")
+HOSTS_USERS = Path("/run/dpcourse-slurm-hosts")
+HOSTS_LINE = f"127.0.0.1 {' '.join(NODES)}  # dpcourse test Slurm cluster, while one runs"
+ADDED = "added.json"  # in HOSTS_USERS: the line the clusters added, until the last one removes it
+
+
+def _names_resolve() -> bool:
+    return all(map(_loopback, NODES))
+
+
+def _started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), None if it is gone: with the pid, it
+    names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(entry: Path) -> bool:
+    pid, started, _ = entry.name.split("-", 2)
+    return _started_at(int(pid)) == started
+
+
+@contextmanager
+def node_names(hosts: Path = HOSTS, users: Path = HOSTS_USERS, resolves=_names_resolve):
+    """While in this block, n1 and n2 name this machine: if they did not, HOSTS_LINE is added to
+    ``hosts``, and taken out again (that line alone, whatever else changed in the file meanwhile)
+    when the last cluster that needs it leaves. A process killed before it could leave keeps the
+    line there until the next cluster stops."""
+    users.mkdir(mode=0o700, exist_ok=True)
+    entry = None
+    try:
+        with _hosts_lock(users):
+            fd, name = tempfile.mkstemp(prefix=f"{os.getpid()}-{_started_at(os.getpid())}-",
+                                        dir=users)
+            os.close(fd)
+            entry = Path(name)
+            if not resolves():
+                print(f"{' and '.join(NODES)} must name this machine: adding to {hosts} while "
+                      f"the cluster runs:  {HOSTS_LINE}", file=sys.stderr, flush=True)
+                text = hosts.read_text()
+                joined = bool(text) and not text.endswith("\n")  # its last line had no newline
+                with open(hosts, "a") as f:
+                    f.write(("\n" if joined else "") + HOSTS_LINE + "\n")
+                (users / ADDED).write_text(json.dumps({"line": HOSTS_LINE, "joined": joined}))
+        if not resolves():
+            raise RuntimeError(f"{', '.join(NODES)} do not resolve to 127.0.0.1 even with "
+                               f"{hosts}'s line for them: check /etc/nsswitch.conf")
+        yield
+    finally:
+        with _hosts_lock(users):
+            if entry is not None:
+                entry.unlink(missing_ok=True)
+            for other in users.glob("[0-9]*-*"):
+                if not _alive(other):  # its cluster was killed: it needs the names no more
+                    other.unlink(missing_ok=True)
+            added = users / ADDED
+            if added.exists() and not any(users.glob("[0-9]*-*")):
+                _remove_line(hosts, **json.loads(added.read_text()))
+                added.unlink()
+
+
+@contextmanager
+def _hosts_lock(users: Path):
+    with open(users / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _remove_line(hosts: Path, line: str, joined: bool) -> None:
+    """The last line of ``hosts`` that is ``line`` taken out; the file rewritten in place (in a
+    container, /etc/hosts is often a bind mount: it cannot be replaced by a rename)."""
+    lines = hosts.read_text().splitlines(keepends=True)
+    at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].rstrip("\n") == line), None)
+    if at is None:
+        return  # someone took it out already
+    del lines[at]
+    if joined and at == len(lines) and lines:  # it was last: the newline added before it goes too
+        lines[-1] = lines[-1].removesuffix("\n")
+    with open(hosts, "r+") as f:
+        f.write("".join(lines))
+        f.truncate()
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -343,7 +419,12 @@ def start(timeout: float = 30):
     """Start munged, slurmctld and a slurmd per node; yield a Cluster once every node is idle."""
     if why := unavailable():
         raise RuntimeError(why)
-    _resolve_nodes()
+    with node_names(), _started(timeout) as cluster:
+        yield cluster
+
+
+@contextmanager
+def _started(timeout: float):
     tmp = Path(tempfile.mkdtemp(prefix="dpcourse-slurm-"))
     tmp.chmod(0o755)  # munged wants its socket folder reachable by every user
     for sub in ("state", "node-tmp", *(f"spool-{n}" for n in NODES)):
