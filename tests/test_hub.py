@@ -239,3 +239,86 @@ def test_room_demo_starts_a_room_and_stops_only_what_it_started(proxy, slurm):
     left = [p.pid for p in psutil.process_iter(["cmdline"])
             if any(f"127.0.0.1:{port}" in a for a in p.info["cmdline"] or ())]
     assert not left, f"the demo left processes: {left}"
+
+
+def _job_env(slurm, job_id: str) -> dict:
+    """A job's environment as slurmctld keeps it (StateSaveLocation/hash.N/job.ID/environment):
+    what the learner has in their job, the server's token among it."""
+    folder = hub.Path(slurm.conf).parent / "state" / f"hash.{int(job_id) % 10}" / f"job.{job_id}"
+    raw = (folder / "environment").read_bytes()
+    pairs = [item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item]
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _post(url: str, token: str | None, body) -> tuple[int, str]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}  # as batchspawner-singleuser sends it
+    req = urllib.request.Request(url, method="POST", data=data,
+                                 headers={**headers, "Authorization": f"token {token}"} if token
+                                 else headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_a_server_s_token_reports_a_port_and_nothing_else(room, slurm, tmp_path):
+    """The attack of issue 42, as a learner makes it: with the token of their own starting server,
+    post the spawner's commands, an address and bad ports to /hub/api/batchspawner. Each is
+    refused (400, a log line naming the learner), none runs, and the real report that follows
+    still starts the server."""
+    from dpcourse import localslurm
+
+    learner = next(iter(room.passwords))
+    marker = tmp_path / "ran"  # what each smuggled command would create, as the hub's user
+    tmp_path.chmod(0o777)  # the hub's user could write it, had anything run
+    nodes = ",".join(localslurm.NODES)
+    slurm.run(["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=dpcourse-test"])
+    try:  # the job waits in the queue: the server is starting, with no port yet
+        _api(room.url, "POST", f"/users/{learner}")
+        _api(room.url, "POST", f"/users/{learner}/server",
+             {"time": "00:20:00", "cpus": "1", "gpus": "0", "memory": "1"})
+        job = _until("the learner's job in the queue",
+                     lambda: next((j for j, u in _jobs(slurm).items() if u == learner), None),
+                     60, room.log)
+        token = _job_env(slurm, job)["JUPYTERHUB_API_TOKEN"]
+        url = f"{room.api}/hub/api/batchspawner"
+        run = f"touch {marker}; echo RUNNING n1"
+        attacks = {
+            "exec_prefix": ({"exec_prefix": run}, "alone"),
+            "batch_submit_cmd": ({"batch_submit_cmd": run}, "alone"),
+            "batch_query_cmd": ({"exec_prefix": "", "batch_query_cmd": run}, "alone"),
+            "batch_cancel_cmd": ({"batch_cancel_cmd": run}, "alone"),
+            "ip": ({"ip": "127.0.0.1"}, "alone"),
+            "port and ip": ({"port": 8888, "ip": "127.0.0.1"}, "alone"),
+            "port as a string": ({"port": "8888"}, "whole number from 1024"),
+            "port 22": ({"port": 22}, "whole number from 1024"),
+            "port true": ({"port": True}, "whole number from 1024"),
+            "an unknown key": ({"state": "x"}, "alone"),
+            "a list": ([8888], "alone"),
+            "not JSON": (b"port=8888", "alone"),
+        }
+        for what, (body, says) in attacks.items():
+            status, text = _post(url, token, body)
+            assert status == 400 and says in text, \
+                f"{what}: {status} {text[:300]}\n{room.log.read_text()[-3000:]}"
+        # another token: none (403), or an instructor service's (not a server's: 400)
+        assert _post(url, None, {"port": 8888})[0] == 403
+        status, text = _post(url, TOKEN, {"port": 8888})
+        assert status == 400 and "server's own token" in text, text
+        refusals = [line for line in room.log.read_text().splitlines()
+                    if "batchspawner report refused" in line]
+        assert sum(f"from {learner}" in line for line in refusals) == len(attacks), refusals
+    finally:
+        slurm.run(["scontrol", "update", f"nodename={nodes}", "state=resume"])
+    # The real report (batchspawner-singleuser in the job) still starts the server; the hub polled
+    # squeue all along with its own command.
+    _until("the learner's server ready after the attacks",
+           lambda: (_api(room.url, "GET", f"/users/{learner}")["servers"].get("", {})
+                    .get("ready")), 240, room.log)
+    status, text = _post(url, token, {"port": 8888})  # and once running, no report at all
+    assert status == 400 and "while the server is starting" in text, text
+    assert not marker.exists(), "a command posted by the learner ran"
+    _api(room.url, "DELETE", f"/users/{learner}/server")
+    _until("the job ended", lambda: learner not in _jobs(slurm).values(), 120, room.log)

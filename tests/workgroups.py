@@ -28,7 +28,7 @@ import pytest
 
 SLURM_MODULES = {"tests/test_slurm.py", "tests/test_slurm_templates.py", "tests/test_dist.py",
                  "tests/test_doctor.py", "tests/test_horovod.py", "tests/test_imagenet.py",
-                 "tests/test_hub.py"}
+                 "tests/test_hub.py", "tests/test_hubspawner.py"}
 NOTEBOOK = re.compile(r"solutions/(\d\d)_[^/]*\.ipynb::"  # its cells
                       # its wrong answers
                       r"|tests/test_exercises\.py::test_check_rejects_wrong_answers\[(\d\d)-"

@@ -112,8 +112,9 @@ class RoomSpawner(SlurmSpawner):
         if not self.job_id:
             self.job_status = ""
             return JobStatus.NOTFOUND
+        cmd = self._command(self.batch_query_cmd, job_id=self.job_id)
         try:
-            out = await self.run_command(self._command(self.batch_query_cmd, job_id=self.job_id))
+            out = await self.run_command(cmd)
         except Exception as err:  # noqa: BLE001 - stderr of squeue, or the command not running
             said = str(err).strip()
             if GONE.search(said):
