@@ -52,9 +52,9 @@ if os.geteuid() == 0:
     trees = check["hub_trees"](COURSE, os.environ.get("DPCOURSE_HUB_STATE") or EDIT["state"],
                                os.environ.get("DPCOURSE_HUB_PROXY", ""))
     if problem := check["first_unsafe"]([*trees, EXTRA]):
-        sys.exit(f"dpcourse hub: root would run or read what others may change: {problem}\n"
-                 "Run the hub as its service user (docs/instructor.md, 'Deploying the hub'), or "
-                 "install the course root-owned and writable by root alone.")
+        sys.exit(f"dpcourse hub: root would run or read what others may change: {problem}; run "
+                 "the hub as its service user (docs/instructor.md, 'Deploying the hub') or make "
+                 "all of it root's alone")
 elif EXTRA and ((st := os.stat(EXTRA)).st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
     sys.exit(f"dpcourse hub: {EXTRA} may be changed by others: not loaded")
 

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -90,7 +91,16 @@ def proxy():
 
 
 @pytest.fixture
-def room(slurm, proxy, tmp_path):
+def own_tmp():
+    """A folder of the test's own, outside pytest's (whose top folder pytest itself chmods when a
+    run starts, which would take away the hub's user's passage through it)."""
+    folder = hub.Path(tempfile.mkdtemp(prefix="dpcourse-hub-test-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def room(slurm, proxy, own_tmp):
     """The hub, as room/jupyterhub_config.py sets it up, against the local Slurm, run as its service
     user through real sudo (hub.local_room: the training group with two learners, the service user,
     its sudoers rule, the course's PAM service). A namespace: url, api (the hub's own API address,
@@ -103,11 +113,11 @@ def room(slurm, proxy, tmp_path):
     names = [f"dpt{secrets.token_hex(3)}" for _ in range(2)]
     before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
     port, hub_port = free_port(), free_port()
-    extra = tmp_path / "extra.py"
+    extra = own_tmp / "extra.py"
     extra.write_text(EXTRA)
     extra.chmod(0o644)
-    log = tmp_path / "hub.log"
-    with hub.local_room(ROOT, names, tmp_path / "state") as accounts:
+    log = own_tmp / "hub.log"
+    with hub.local_room(ROOT, names, own_tmp / "state") as accounts:
         env = {**os.environ, **slurm.env, **accounts.env,
                "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
                "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{hub_port}",
@@ -263,7 +273,7 @@ def _post(url: str, token: str | None, body) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-def test_a_server_s_token_reports_a_port_and_nothing_else(room, slurm, tmp_path):
+def test_a_server_s_token_reports_a_port_and_nothing_else(room, slurm):
     """The attack of issue 42, as a learner makes it: with the token of their own starting server,
     post the spawner's commands, an address and bad ports to /hub/api/batchspawner. Each is
     refused (400, a log line naming the learner), none runs, and the real report that follows
@@ -271,8 +281,8 @@ def test_a_server_s_token_reports_a_port_and_nothing_else(room, slurm, tmp_path)
     from dpcourse import localslurm
 
     learner = next(iter(room.passwords))
-    marker = tmp_path / "ran"  # what each smuggled command would create, as the hub's user
-    tmp_path.chmod(0o777)  # the hub's user could write it, had anything run
+    # what each smuggled command would create: in /tmp, which the hub's user (or root) may write
+    marker = hub.Path(f"/tmp/dpcourse-hub-attack-{secrets.token_hex(4)}")
     nodes = ",".join(localslurm.NODES)
     slurm.run(["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=dpcourse-test"])
     try:  # the job waits in the queue: the server is starting, with no port yet
@@ -322,3 +332,63 @@ def test_a_server_s_token_reports_a_port_and_nothing_else(room, slurm, tmp_path)
     assert not marker.exists(), "a command posted by the learner ran"
     _api(room.url, "DELETE", f"/users/{learner}/server")
     _until("the job ended", lambda: learner not in _jobs(slurm).values(), 120, room.log)
+
+
+def _refused(env: dict, log, user: str = "") -> str:
+    """Start the hub with ``env``; it must exit by itself, with one line saying why."""
+    proc = hub.start_hub(ROOT, env, log, user=user)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        hub.stop_hub(proc)
+        pytest.fail(f"the hub started instead of refusing; its log:\n{log.read_text()[-2000:]}")
+    said = log.read_text().strip()
+    assert proc.returncode != 0 and "Traceback" not in said, said
+    return said.splitlines()[-1]
+
+
+def test_log_in_is_for_the_training_group_only(room, tmp_path):
+    """A member logs in; an account outside the training group gets 403. Without allowed_groups,
+    or without the course's PAM service, the hub refuses to start, with one line."""
+    import requests
+
+    def log_in(name, password):
+        s = requests.Session()
+        s.get(f"{room.url}/hub/login", timeout=30)
+        return s.post(f"{room.url}/hub/login", timeout=30, allow_redirects=True,
+                      data={"username": name, "password": password, "_xsrf": s.cookies["_xsrf"]})
+
+    member = next(iter(room.passwords))
+    assert "/hub/spawn" in log_in(member, room.passwords[member]).url
+    outsider, password = f"dpo{secrets.token_hex(3)}", secrets.token_urlsafe(12)
+    hub.add_learner(outsider, password)  # a real account with a right password, in no group
+    try:
+        r = log_in(outsider, password)
+        assert r.status_code == 403 and "/hub/spawn" not in r.url, (r.status_code, r.url)
+    finally:
+        hub.remove_learner(outsider)
+
+    env = {**room.hub_env, "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{free_port()}",
+           "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{free_port()}"}
+    line = _refused({**env, "DPCOURSE_HUB_ALLOWED_GROUPS": ""}, tmp_path / "a.log", room.service)
+    assert "allowed_groups is empty" in line, line
+    line = _refused({**env, "DPCOURSE_HUB_PAM_SERVICE": "dpcourse-none"}, tmp_path / "b.log",
+                    room.service)
+    assert "no PAM service /etc/pam.d/dpcourse-none" in line, line
+
+
+def test_root_refuses_what_others_may_change(tmp_path):
+    """As root, the hub checks every file it would run or read before it imports the course's
+    library: a file deep in its state folder that others may write stops it, named."""
+    if os.geteuid() != 0:
+        _missing("the hub's check for root runs as root")
+    state = tmp_path / "state"
+    (state / "deep").mkdir(parents=True)
+    state.chmod(0o700)
+    planted = state / "deep" / "jupyterhub_cookie_secret"
+    planted.write_text("x")
+    planted.chmod(0o666)
+    env = {**os.environ, "DPCOURSE_HUB_STATE": str(state)}
+    line = _refused(env, tmp_path / "hub.log")
+    assert f"root would run or read what others may change: {planted} (owner uid 0, mode 666)" \
+        in line, line
