@@ -50,11 +50,13 @@ def first_unsafe(trees) -> str | None:
     todo = [Path(os.path.abspath(t)) for t in trees if t]
     while todo:
         top = todo.pop(0)
-        if str(top) in seen or not os.path.lexists(top):
+        if str(top) in seen:
             continue
         seen.add(str(top))
-        if problem := _on_the_way(top):
+        if problem := _on_the_way(top):  # a missing file too: who may create it?
             return problem
+        if not os.path.lexists(top):
+            continue
         if top.is_symlink():  # e.g. .venv/bin/python -> the interpreter: check what it names
             todo.append(Path(os.path.realpath(top)))
             continue

@@ -1,7 +1,10 @@
 """The room's hub without a hub: its settings, its spawn form's checks, the learner's job script and
 the learner's copy of the course (dpcourse.hub). tests/test_hub.py runs the real thing."""
+import os
+import runpy
 import shutil
 import subprocess
+from pathlib import Path
 
 import jinja2
 import pytest
@@ -14,7 +17,7 @@ from dpcourse import hub
 def room(tmp_path, monkeypatch):
     monkeypatch.setenv("DPCOURSE_HUB_STATE", str(tmp_path / "state"))
     return hub.Settings.from_env(course=ROOT, cpus=4, gpus=1, max_cpus=8, max_gpus=2,
-                                 max_time="04:00:00", time="02:00:00", memory="16G")
+                                 max_time="04:00:00", time="02:00:00", memory=16, max_memory=64)
 
 
 def form(**values):
@@ -28,13 +31,14 @@ def test_the_environment_overrides_the_file_and_numbers_stay_numbers(room, monke
     monkeypatch.setenv("DPCOURSE_HUB_ADMINS", "ana, ben")
     s = hub.Settings.from_env(course=ROOT, cpus=4)
     assert s.cpus == 2 and s.admins == ("ana", "ben") and s.course == ROOT.resolve()
-    assert oct(s.state.stat().st_mode & 0o777) == "0o700", "the hub's database is root's alone"
+    assert not s.state.exists(), "reading the settings makes nothing (the root check comes first)"
+    assert oct(s.make_state().stat().st_mode & 0o777) == "0o700", "the hub's state: its user's"
 
 
 def test_the_form_becomes_the_job_s_options(room):
     opts = room.options_from_form(form())
     assert opts == {"account": "trn01", "partition": "gpu", "reservation": "ws",
-                    "time": "01:30:00", "cpus": "4", "gpus": "1", "memory": "16G"}
+                    "time": "01:30:00", "cpus": "4", "gpus": "1", "memory": "16"}
     assert room.options_from_form(form(gpus="0"))["gpus"] == "0"
     assert "value=\"02:00:00\"" in room.options_form() and 'max="8"' in room.options_form()
 
@@ -45,6 +49,9 @@ def test_the_form_becomes_the_job_s_options(room):
     ({"time": "05:00:00"}, "at most 04:00:00"),
     ({"time": "00:00:00"}, "above 0"),
     ({"cpus": "lots"}, "whole numbers"),
+    ({"memory": "16G"}, "whole numbers"),
+    ({"memory": "65"}, "memory 1 to 64 GB"),
+    ({"memory": "0"}, "memory 1 to 64 GB"),
     ({"cpus": "9"}, "CPUs 1 to 8"),
     ({"gpus": "-1"}, "GPUs 0 to 2"),
     ({"account": "trn01 --uid=0"}, "letters, digits"),
@@ -66,6 +73,11 @@ def test_the_learner_s_job_script_passes_shellcheck(room, tmp_path):
                             "cpus": "4", "gpus": "1"}),
             prologue=room.prologue(), cmd=f"{room.singleuser_wrapper()} jupyterhub-singleuser")
         assert "#SBATCH --gpus-per-node=1" in script and "--reservation" not in script
+        assert f"#SBATCH --job-name={hub.JOB_NAME}" in script
+        if container:  # the course (what the learner's copy is made from) bound at its own path
+            run = f"apptainer exec --nv --bind {ROOT.resolve()} {container} "
+            assert f"{run}python -m dpcourse.hub prepare --course {ROOT.resolve()}" in script
+            assert f"{run}batchspawner-singleuser jupyterhub-singleuser" in script
         assert "#SBATCH --mem=16G" in script and "#SBATCH --no-requeue" in script
         path = tmp_path / "job.sh"
         path.write_text(script)
@@ -105,12 +117,76 @@ def test_a_start_through_the_api_gets_the_form_s_checks_and_nothing_else(room):
         room.pre_spawn_hook(spawner)
 
 
+ROOTCHECK = runpy.run_path(str(ROOT / "room" / "rootcheck.py"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's check: the files here must be root's")
 def test_root_refuses_what_others_may_change(tmp_path):
-    ok = tmp_path / "ok"
-    ok.mkdir(mode=0o755)
+    """room/rootcheck.py: every file under the trees, and what a link names, is root's alone."""
+    first_unsafe = ROOTCHECK["first_unsafe"]
+    tree = tmp_path / "course"
+    (tree / "src" / "deep").mkdir(parents=True)
+    (tree / "src" / "deep" / "hub.py").write_text("")
+    os.chmod(tmp_path, 0o755)
+    assert first_unsafe([tree]) is None
+    (tree / "src" / "deep" / "hub.py").chmod(0o664)  # group-writable, deep inside
+    assert first_unsafe([tree]).startswith(f"{tree}/src/deep/hub.py (owner uid 0, mode 664)")
+    (tree / "src" / "deep" / "hub.py").chmod(0o644)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "python").write_text("")
+    os.chown(outside / "python", 65534, 65534)  # nobody's
+    (tree / "python").symlink_to(outside / "python")  # the .venv's interpreter, say
+    assert first_unsafe([tree]).startswith(f"{outside}/python (owner uid 65534")
+    (tree / "python").unlink()
     shared = tmp_path / "shared"
-    shared.mkdir()
+    shared.mkdir(mode=0o775)
     shared.chmod(0o775)
-    (shared / "config.py").write_text("")
-    assert hub.unsafe_for_root([ok]) == [] or tmp_path.stat().st_uid != 0
-    assert any(str(shared) in p for p in hub.unsafe_for_root([shared / "config.py"]))
+    assert first_unsafe([shared / "config.py"]).startswith(f"{shared} (owner uid 0, mode 775)")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp: others may add files, but not replace root's
+    (sticky / "x").write_text("")
+    assert first_unsafe([sticky / "x"]) is None
+
+
+def test_the_sudoers_rule_is_valid_and_refuses_odd_names():
+    rule = hub.sudoers("dpcourse-hub", ["trn01"], which=lambda c: f"/opt/slurm/bin/{c}")
+    assert "DPCOURSE_LEARNERS = %trn01, !root" in rule
+    assert "NOPASSWD: SETENV: DPCOURSE_SUBMIT" in rule
+    assert "DPCOURSE_SUBMIT = /opt/slurm/bin/sbatch --parsable" in rule
+    assert "SETENV" not in rule.split("DPCOURSE_SUBMIT\n", 1)[1], "sbatch alone keeps its variables"
+    if shutil.which("visudo"):
+        done = subprocess.run(["visudo", "-cf", "-"], input=rule, text=True, capture_output=True)
+        assert done.returncode == 0, done.stderr + rule
+    for user, groups in (("dpcourse-hub ALL=(ALL) ALL #", ["trn01"]), ("hub", ["trn01, root"]),
+                         ("hub", [])):
+        with pytest.raises(ValueError):
+            hub.sudoers(user, groups)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="writes a stand-in into /etc/profile.d (root)")
+def test_the_site_prologue_runs_in_a_login_environment(room, tmp_path):
+    """`module` is a shell function that the site's /etc/profile.d defines: the job sources the
+    login environment before the site's lines (sbatch --get-user-env works for root only)."""
+    stand_in = Path(f"/etc/profile.d/zz-dpcourse-test-{os.getpid()}.sh")
+    room.site_prologue = "module load apptainer"
+    room.data = ""
+    script = tmp_path / "job.sh"
+    script.write_text(jinja2.Template(hub.BATCH_SCRIPT).render(
+        homedir=str(tmp_path), keepvars="USER", **room.checked({}), prologue=room.prologue(),
+        cmd="echo the server would start here"))
+    env = {"HOME": str(tmp_path), "USER": "root", "PATH": "/usr/bin:/bin"}
+    try:
+        stand_in.write_text('module() { echo "module $*" >> "$HOME/module.log"; }\n')
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (tmp_path / "module.log").read_text() == "module load apptainer\n"
+        assert "the server would start here" in done.stdout
+        stand_in.unlink()
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0 and "module: command not found" in done.stderr, done.stderr
+    finally:
+        stand_in.unlink(missing_ok=True)
