@@ -7,9 +7,11 @@ on_term() {
     # A SIGTERM while the job still runs (a preemption's grace time, scancel --signal=TERM JOBID) is not its end.
     [[ $(squeue --noheader --format=%T --jobs="$job" 2>/dev/null) == RUNNING ]] && return
     # Renamed first: a deletion cut short by SIGKILL is never taken for a finished copy (a requeued run
-    # of the job, with the same id, on this node).
-    if mv -- "$dir" "$dir.deleting-$$" 2>/dev/null; then rm -rf -- "$dir.deleting-$$"; fi
-    rm -f -- "${dir%/*}/.${dir##*/}.lock"  # images.stage's lock file, beside the folder
+    # of the job, with the same id, on this node). Only a folder of the job's user: one of this name
+    # that another user made (the job refused to stage into it) is theirs.
+    if [[ -d $dir && ! -L $dir && -O $dir ]] && mv -- "$dir" "$dir.deleting-$$" 2>/dev/null; then
+        rm -rf -- "$dir.deleting-$$"
+    fi
     exit 0
 }
 trap on_term TERM INT

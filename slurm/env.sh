@@ -11,6 +11,9 @@ COURSE=${COURSE:-${SLURM_SUBMIT_DIR:-$PWD}}
 # read), else the checkout's data/ (where `make data` stages it).                               EDIT
 DATA=${DATA:-${DPCOURSE_DATA:-$COURSE/data}}
 # Node-local disk for one copy of the data per node: $TMPDIR on many clusters.                EDIT
+# Each node's copy makes this folder itself, yours alone (mode 0700). Its name is easy to guess, and
+# all users share /tmp: one already there is used only if it is yours and no one else can write to
+# it; another user's stops the job (they may have put files there for it to read).
 LOCAL_DATA=${LOCAL_DATA:-${TMPDIR:-/tmp}/dpcourse-$SLURM_JOB_ID}
 # Checkpoints and the JSON log: shared, so that a requeued job finds them.
 RUNS=${RUNS:-$COURSE/runs/$SLURM_JOB_NAME-$SLURM_JOB_ID}
@@ -216,7 +219,8 @@ requeue_job() {
 # sites that clean up after every job (Slurm's job_container/tmpfs, a per-job $TMPDIR removed by the
 # epilog) cover those too; ask yours. A requeued run copies the data again.
 # Only an absolute folder named for this job (…-$SLURM_JOB_ID, the default) outside COURSE, RUNS and
-# DATA is deleted: one you named yourself may hold what is not this job's, and is left alone.
+# DATA is deleted: one you named yourself may hold what is not this job's, and is left alone. So is
+# one of that name that another user made (the job refused it): delete_at_end.sh deletes only yours.
 CLEANUP_STEP=dpcourse-cleanup
 delete_local_data_at_end() {
     local dir=${LOCAL_DATA%/}

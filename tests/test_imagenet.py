@@ -249,7 +249,8 @@ def test_staging_onto_a_tmpfs_too_small_fails_before_copying(tree, tmp_path):
         message = str(err.value)
         assert (message.startswith("stage: ") and " to copy to " in message
                 and "(a tmpfs: RAM" in message), message
-        assert not any((small / "imagenet").rglob("*")), "something was copied"
+        assert [p.name for p in (small / "imagenet").rglob("*")] == [images.LOCK], \
+            "something was copied"
     finally:
         subprocess.run(["umount", str(small)], check=False)
 
@@ -270,7 +271,8 @@ def test_staging_onto_a_tmpfs_beyond_the_jobs_memory_limit_fails_before_copying(
         with pytest.raises(CourseError,
                            match=r"is a tmpfs \(RAM\), and the job's memory limit leaves 0.0 MB"):
             images.stage(tree["shards"], roomy / "imagenet")
-        assert not any((roomy / "imagenet").rglob("*")), "something was copied"
+        assert [p.name for p in (roomy / "imagenet").rglob("*")] == [images.LOCK], \
+            "something was copied"
         # no limit known: the tmpfs's own room decides
         monkeypatch.setattr(images, "memory_left", lambda: None)
         images.stage(tree["shards"], roomy / "imagenet")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import AT_ONCE_S, ROOT, run
-from dpcourse import localslurm
+from dpcourse import CourseError, images, localslurm
+from dpcourse.data import ensure_fashion_mnist
 from dpcourse.metrics import read_log
 from dpcourse.slurm import Job, analyse, describe, directives, dry_run, job_from
 
@@ -223,7 +224,8 @@ def test_the_clean_up_step_deletes_the_folder_and_leaves_nothing_behind(tmp_path
     bin_dir.mkdir()
     (bin_dir / "squeue").write_text(f'#!/bin/sh\ncat "{state}"\n')
     (bin_dir / "squeue").chmod(0o755)
-    folder, lock = tmp_path / "node" / "dpcourse-7", tmp_path / "node" / ".dpcourse-7.lock"
+    folder = tmp_path / "node" / "dpcourse-7"
+    lock = folder / images.LOCK  # images.stage's, inside the copy
     folder.mkdir(parents=True)
     (folder / "train-images-idx3-ubyte").write_text("data")
     lock.touch()
@@ -268,6 +270,91 @@ def test_the_clean_up_step_deletes_the_folder_and_leaves_nothing_behind(tmp_path
         if _group_alive(step.pid):
             os.killpg(step.pid, signal.SIGKILL)
         step.wait()
+
+
+# ---------------------------------------------------------------- node-local data: the job's own
+def _another_users(folder: Path) -> Path:
+    """``folder``, made as another user (nobody) would make it at a name they can guess: writable by
+    all, their file in it as FashionMNIST's."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root, which can make a folder of another user's")
+        pytest.skip("only root can make a folder of another user's")
+    raw = folder / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "train-images-idx3-ubyte").write_text("theirs")
+    for path in (folder, *folder.rglob("*")):
+        os.chown(path, 65534, 65534)
+        path.chmod(0o777)
+    return folder
+
+
+def test_a_node_local_folder_that_is_not_the_users_alone_is_refused(tmp_path, fashion_root):
+    """What each node's staging step runs (`fetch --from DATA --data-root LOCAL_DATA`, whose default
+    name, /tmp/dpcourse-<job id>, anyone can guess): a folder there that another user made, one of
+    the user's own that others can write to, or a link, stops it with one line, nothing read or
+    written; where there is none, it makes one of mode 0700 and stages into it. images.stage (the
+    ImageNet template's --stage-to) holds its copy to the same rule, and keeps its lock inside."""
+    node = tmp_path / "node"
+    node.mkdir()
+    theirs = _another_users(node / "dpcourse-7")
+    done = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "fetch", "--from", fashion_root,
+                "--data-root", theirs])
+    assert (done.returncode == 1 and f"{theirs} is there already and is not yours alone (owned "
+            "by nobody (uid 65534))" in done.stdout and "Traceback" not in done.stdout), done.stdout
+    planted = theirs / "FashionMNIST" / "raw" / "train-images-idx3-ubyte"
+    assert list(planted.parent.iterdir()) == [planted] and planted.read_text() == "theirs"
+    loose = node / "dpcourse-8"
+    loose.mkdir()
+    loose.chmod(0o777)
+    link = node / "dpcourse-9"
+    link.symlink_to(tmp_path)
+    for dest, why in ((loose, r"others can write to it \(mode 777\)"), (link, "a link")):
+        with pytest.raises(CourseError, match=f"not yours alone \\({why}\\)"):
+            ensure_fashion_mnist(dest, download=False, source=fashion_root)
+    assert not list(loose.iterdir()) and not (tmp_path / "FashionMNIST").exists()
+    fresh = node / "dpcourse-10"
+    ensure_fashion_mnist(fresh, download=False, source=fashion_root)
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    ensure_fashion_mnist(fresh, download=False, source=fashion_root)  # a requeued run's, its own
+
+    src = tmp_path / "imagenet" / "train"
+    src.mkdir(parents=True)
+    (src / "shard-000000.tar").write_bytes(b"images")
+    with pytest.raises(CourseError, match="not yours alone"):
+        images.stage(src.parent, theirs)
+    images.stage(src.parent, node / "dpcourse-11")
+    assert (node / "dpcourse-11" / "train" / "shard-000000.tar").read_bytes() == b"images"
+    assert (node / "dpcourse-11").stat().st_mode & 0o777 == 0o700
+    assert (node / "dpcourse-11" / images.LOCK).exists() and not list(node.glob(".*"))
+
+
+@pytest.mark.slow
+def test_a_job_stops_at_a_node_local_folder_another_user_made(slurm, tmp_path):
+    """cpu.sbatch on two nodes, with LOCAL_DATA's default name taken by another user before the job
+    starts (submitted held, its id known, then released): each node's staging step refuses it, the
+    job fails with the line that says whose it is, and its clean-up step leaves the folder, which is
+    not the job's, as it was."""
+    node = tmp_path / "node"
+    node.mkdir()
+    submitted = slurm.run(["sbatch", "--parsable", "--hold", f"--output={slurm.tmp}/job-%j.out",
+                           str(SLURM_DIR / "cpu.sbatch")],
+                          env={"RUNS": str(tmp_path / "runs"), "TMPDIR": str(node)})
+    assert submitted.returncode == 0, submitted.stdout
+    job_id = int(submitted.stdout.strip().split(";")[0])
+    theirs = _another_users(node / f"dpcourse-{job_id}")
+    assert slurm.run(["scontrol", "release", str(job_id)]).returncode == 0
+    state, _ = slurm.wait(job_id, timeout=180)
+    output = slurm.output(job_id)
+    assert state == "FAILED", output + slurm.logs()
+    assert (f"{theirs} is there already and is not yours alone (owned by nobody (uid 65534))"
+            in output and "ready and verified" not in output), output
+    deadline = time.monotonic() + 60  # the clean-up steps get their SIGTERM as the job ends
+    while _job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _job_processes(job_id), _job_processes(job_id)
+    assert (theirs / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").read_text() == "theirs"
+    assert sorted(p.name for p in node.iterdir()) == [theirs.name]
 
 
 # ---------------------------------------------------------------- a real Slurm

@@ -240,9 +240,15 @@ def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool =
     With a process group, rank 0 stages first and the others wait (then find the files, or, on a
     node-local root, stage their own copy); a file lock keeps processes without a group from
     writing at the same time. ``source``: a data root whose verified copy is copied first (a
-    shared folder, staged once to node-local disk).
+    shared folder, staged once to node-local disk); ``root`` must then be the user's own
+    (``images.own_folder``: made here with mode 0700, or theirs alone), as a node-local folder
+    with a name others can guess may be another user's.
     """
     root = default_root(root)
+    if source is not None:
+        from .images import own_folder
+
+        own_folder(root)
     system_dir = Path(os.environ.get("DPCOURSE_SYSTEM_DATA", SYSTEM_DIR))
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")

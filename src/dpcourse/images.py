@@ -30,8 +30,10 @@ import json
 import math
 import multiprocessing
 import os
+import pwd
 import random
 import shutil
+import stat
 import sys
 import tarfile
 import warnings
@@ -48,6 +50,7 @@ STD = (0.229, 0.224, 0.225)
 SHAPES = ("disc", "square", "triangle", "ring", "cross")
 SHARDS_JSON = "shards.json"
 STAGED = ".staged.json"
+LOCK = ".stage.lock"  # in a staged copy: the lock that lets one process of a node copy
 # torchvision 0.29 marks its JPEG decoder deprecated in favour of TorchCodec, which is not yet part
 # of the course's pinned environment; decode_jpeg (CPU and nvJPEG) works and is what we teach.
 warnings.filterwarnings("ignore",
@@ -178,12 +181,50 @@ def layout(split_dir) -> str:
 
 
 # ------------------------------------------------------------------------ node-local staging
+def own_folder(path) -> Path:
+    """``path`` as a folder of this user's alone, for a node-local copy: made here (mode 0700, where
+    it is not there), or, where it is, a folder (not a link) that this user owns and no one else
+    can write to. Anything else raises. On a disk that every user shares (/tmp), a folder at a name
+    others can guess (a job's id) may be another user's, made beforehand so that the job reads
+    their files, or writes through their links."""
+    path = Path(path).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+        return path
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise CourseError(f"cannot make {path} ({err.strerror}): choose a node-local folder you "
+                          "can write to.") from None
+    st = path.lstat()
+    why = ("a link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode)
+           else f"owned by {_user(st.st_uid)}" if st.st_uid != os.geteuid()
+           else f"others can write to it (mode {st.st_mode & 0o777:o})" if st.st_mode & 0o022
+           else None)
+    if why:
+        raise CourseError(
+            f"{path} is there already and is not yours alone ({why}): another user may have made "
+            "it, for this job to read their files or write through their links. Where it is not "
+            "there, the copy makes it itself (mode 0700); if it is yours, delete it, or choose "
+            "another folder (the course's jobs: export LOCAL_DATA=...).")
+    return path
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def stage(src, dest, progress: bool | None = None) -> Path:
     """Copy the data root ``src`` to ``dest`` (node-local disk) unless an identical copy is there.
 
     Safe to call from every process of a node at once: a file lock lets one copy while the
     others wait, and a finished copy is marked with the list of files and sizes it holds, so a
-    half-finished copy (a killed job) is never taken for a whole one.
+    half-finished copy (a killed job) is never taken for a whole one. ``dest`` must be the user's
+    own (``own_folder``): made here, or theirs alone; the lock is inside it.
     """
     src, dest = Path(src).expanduser(), Path(dest).expanduser()
     if not src.is_dir():
@@ -191,14 +232,14 @@ def stage(src, dest, progress: bool | None = None) -> Path:
                           "Give the data root that holds train/ and val/.")
     if src.resolve() == dest.resolve():
         return dest
-    files = sorted(p for p in src.rglob("*") if p.is_file() and p.name != STAGED)
+    files = sorted(p for p in src.rglob("*") if p.is_file() and p.name not in (STAGED, LOCK))
     manifest = {str(p.relative_to(src)): p.stat().st_size for p in files}
+    own_folder(dest)
     marker = dest / STAGED
     if _read_json(marker) == manifest:
         return dest
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        lock = open(dest.parent / f".{dest.name}.lock", "w")
+        lock = open(dest / LOCK, "w")
     except OSError as err:
         raise CourseError(f"stage: cannot write to {dest} ({err.strerror}); choose a node-local "
                           "folder you can write to, e.g. $TMPDIR/imagenet.") from None
