@@ -4,6 +4,7 @@ import os
 import runpy
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -99,6 +100,24 @@ def test_the_learner_s_copy_is_made_once_and_kept(tmp_path, monkeypatch):
     (dest / "notebooks" / "00_setup.ipynb").write_text("my work")
     hub.prepare(ROOT, dest)
     assert (dest / "notebooks" / "00_setup.ipynb").read_text() == "my work"
+
+
+def test_in_the_container_the_copy_uses_the_image_s_environment(tmp_path, monkeypatch):
+    """A course without .venv (the servers run in the image): the copy's .venv is the image's
+    (sys.prefix, /opt/venv there), marked set up, so `make check` there installs nothing."""
+    course, image_venv = tmp_path / "course", tmp_path / "opt-venv"
+    course.mkdir()
+    image_venv.mkdir()
+    for name in ("Makefile", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, course / name)
+    (image_venv / ".installed-stamp").touch()
+    monkeypatch.setattr(sys, "prefix", str(image_venv))
+    monkeypatch.delenv("DPCOURSE_DATA", raising=False)
+    dest = hub.prepare(course, tmp_path / "dpcourse")
+    assert (dest / ".venv").resolve() == image_venv
+    plan = subprocess.run(["make", "-n", "check"], cwd=dest, capture_output=True, text=True,
+                          timeout=60).stdout
+    assert "pip install" not in plan and "dpcourse.course check" in plan, plan
 
 
 def test_a_start_through_the_api_gets_the_form_s_checks_and_nothing_else(room):

@@ -284,9 +284,12 @@ def prepare(course: Path, dest: Path | None = None) -> Path:
             shutil.copytree(src, tmp / name)
         elif src.exists():
             shutil.copy2(src, tmp / name)
-    if (course / ".venv").exists():
-        (tmp / ".venv").symlink_to(course / ".venv")
-    stamp = course / ".venv" / ".installed-stamp"
+    venv = course / ".venv"
+    if not venv.exists() and (Path(sys.prefix) / ".installed-stamp").exists():
+        venv = Path(sys.prefix)  # in the course's container: its /opt/venv, set up in the image
+    if venv.exists():
+        (tmp / ".venv").symlink_to(venv)
+    stamp = venv / ".installed-stamp"
     if stamp.exists():  # the copy's `make check` finds the shared .venv set up: no install
         for name in ("Makefile", "pyproject.toml"):
             os.utime(tmp / name, ns=(stamp.stat().st_mtime_ns,) * 2)
