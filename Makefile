@@ -75,10 +75,12 @@ check: setup
 	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') $(if $(ROOM),--room '$(ROOM)') || { kill -PIPE $$PPID; exit 1; }
 
 # The room's hub (room/jupyterhub_config.py) needs configurable-http-proxy, JupyterHub's proxy: from
-# npm, into build/room/ (Debian: apt-get install nodejs npm).
+# npm, into build/room/ (Debian: apt-get install nodejs npm), exactly as room/proxy/package-lock.json
+# has it (every package's version and sha512; npm ci refuses anything else), with no install scripts.
 room-setup:
 	@command -v npm >/dev/null || { echo "npm is missing: apt-get install nodejs npm"; exit 1; }
-	npm install --prefix build/room --no-audit --no-fund --loglevel=error configurable-http-proxy@4.6.3
+	mkdir -p build/room && cp room/proxy/package.json room/proxy/package-lock.json build/room/
+	npm ci --prefix build/room --ignore-scripts --no-audit --no-fund --loglevel=error
 
 # The room on this machine (as root): a local two-node Slurm, three test learners with fresh
 # passwords and the hub on http://127.0.0.1:8000, until Ctrl-C stops what it started.

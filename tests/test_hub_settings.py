@@ -209,3 +209,18 @@ def test_the_site_prologue_runs_in_a_login_environment(room, tmp_path):
         assert done.returncode != 0 and "module: command not found" in done.stderr, done.stderr
     finally:
         stand_in.unlink(missing_ok=True)
+
+
+def test_the_proxy_is_installed_from_a_lock_with_every_package_s_hash():
+    """configurable-http-proxy runs beside the hub: make room-setup installs it with npm ci from
+    room/proxy/package-lock.json (each package's version and sha512), running no install script."""
+    import json
+
+    lock = json.loads((ROOT / "room" / "proxy" / "package-lock.json").read_text())
+    packages = {k: v for k, v in lock["packages"].items() if k}
+    assert packages["node_modules/configurable-http-proxy"]["version"] == "4.6.3"
+    unhashed = [k for k, v in packages.items() if not v.get("integrity", "").startswith("sha512-")]
+    assert not unhashed, f"packages without a sha512 in the lock: {unhashed}"
+    recipe = subprocess.run(["make", "-n", "room-setup"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60).stdout
+    assert "npm ci --prefix build/room --ignore-scripts" in recipe and "npm install" not in recipe
