@@ -481,8 +481,9 @@ def demo(learners: int = 3, port: int = 8000) -> int:
                    "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
                    "DPCOURSE_HUB_ROOM_RECORDS": str(state / "records"),
                    "DPCOURSE_DATA": str(course / "data")}
-            (state / "records").mkdir(parents=True, exist_ok=True)
-            (state / "records").chmod(0o1777)  # every learner writes; none removes another's
+            from . import room as rooms  # the live view's records: each learner's own folder
+            shutil.rmtree(state / "records", ignore_errors=True)  # a past demo's learners are gone
+            rooms.setup(state / "records", users=names)
             hub = start_hub(course, env, state / "hub.log", user=room.service)
             took = wait_up(f"http://127.0.0.1:{port}", hub, state / "hub.log")
             print(f"\nThe room's hub is up (in {took:.1f} s): http://127.0.0.1:{port}\n")
