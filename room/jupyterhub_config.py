@@ -1,14 +1,16 @@
 """JupyterHub for a workshop room: each learner's JupyterLab is a Slurm job on the training account.
 
-    sudo .venv/bin/jupyterhub -f room/jupyterhub_config.py        # on the login node, as root
-    make room-demo                                                # on a laptop: a local Slurm
+    sudo -u dpcourse-hub HOME=/var/lib/dpcourse-hub \
+        .venv/bin/jupyterhub -f room/jupyterhub_config.py     # on the login node, as its user
+    sudo make room-demo                       # on a laptop: a local Slurm, the same set-up
 
 The hub logs learners in with their own Unix accounts (PAM: the site's passwords) and submits each
 learner's server as a Slurm job *as that learner* (sudo -u: their account, their files, their fair
 share). The job runs `jupyterhub-singleuser` from the course's .venv, or inside the course's
 container (apptainer exec), in the learner's own copy of the course (~/dpcourse, made at their
 first start). Servers idle for IDLE_TIMEOUT seconds are stopped, so a forgotten one does not hold
-the reservation. docs/instructor.md, "A room", is the guide; read its security notes first.
+the reservation. docs/instructor.md, "Deploying the hub", is the guide: the service user, its
+sudoers rule (python -m dpcourse.hub sudoers), the PAM service (room/pam/dpcourse-hub), HTTPS.
 
 Set the room once, below (EDIT), or through the DPCOURSE_HUB_* variables of the same names.
 """
