@@ -116,3 +116,22 @@ def test_a_server_given_up_on_leaves_no_job(slurm, learner, stand_ins):
     s.job_id = ""
     asyncio.run(s.stop(now=True))
     assert _until_gone(slurm, learner) == [], "the job whose id was lost stayed in the queue"
+
+
+def test_the_submit_log_names_the_variables_not_their_values(slurm, learner, stand_ins, caplog):
+    """At --debug the hub logged the environment each job is submitted with, every server's token
+    among it; now only the names."""
+    import logging
+
+    token = secrets.token_hex(16)
+    s = _spawner(learner, stand_ins)
+    s.log = logging.getLogger("dpcourse-test-hub")
+    s.get_env = lambda: {"JUPYTERHUB_API_TOKEN": token, "SLURM_CONF": os.environ["SLURM_CONF"]}
+    s.batch_script = (f"#!/bin/bash\n#SBATCH --job-name={hub.JOB_NAME}\n"
+                      "#SBATCH --output=/dev/null\n#SBATCH --chdir=/tmp\nsleep 300\n")
+    s.batchspawner_singleuser_cmd, s.cmd = "", ["true"]
+    with caplog.at_level(logging.DEBUG, logger="dpcourse-test-hub"):
+        job = asyncio.run(s.submit_batch_script())
+    assert job and job in _queued(slurm, learner)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "JUPYTERHUB_API_TOKEN" in logged and token not in logged, logged
