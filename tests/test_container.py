@@ -255,41 +255,92 @@ def test_the_gpu_branch_without_a_gpu_says_why(parts, tmp_path):
     assert "--backend nccl" not in done.stdout
 
 
-def test_runscript_starts_jupyterlab_on_the_port_given_and_keeps_its_token_to_its_owner(
-        parts, tmp_path):
-    """%runscript: JupyterLab on this host's own address (not 0.0.0.0), port retries off, the token
-    in its environment and in a 0600 file, never in its arguments."""
-    import socket
+# JupyterLab as the runscript sees it: `jupyter --runtime-dir`, and `jupyter lab ... --ip=H
+# --port=P`, which binds (H, P) itself (P=0: a port the system gives it), listens, and writes the
+# port it took to jpserver-<pid>.json in its runtime folder, as jupyter_server does
+FAKE_JUPYTER = """#!{python}
+import json, os, socket, sys, time
+if sys.argv[1:] == ["--runtime-dir"]:
+    sys.exit(print(os.environ["JUPYTER_RUNTIME_DIR"]))
+print("jupyter", *sys.argv[1:], flush=True)
+print("token in env:", os.environ.get("JUPYTER_TOKEN"), flush=True)
+options = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
+server = socket.create_server((options["ip"], int(options["port"])))
+with open(os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], f"jpserver-{{os.getpid()}}.json"),
+          "w") as info:
+    json.dump({{"pid": os.getpid(), "port": server.getsockname()[1]}}, info, indent=2,
+              sort_keys=True)
+time.sleep(300)
+"""
+
+
+def _runscript(parts, tmp_path, *args):
+    """%runscript run by sh here, with FAKE_JUPYTER as jupyter: (its output, the connection file,
+    the port the server listens on), once the runscript has written the file."""
+    import psutil
 
     fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "jupyter").write_text('#!/bin/sh\necho "jupyter $*"\n'
-                                  'echo "token in env: $JUPYTER_TOKEN"\n')
+    fake.mkdir(exist_ok=True)
+    (fake / "jupyter").write_text(FAKE_JUPYTER.format(python=sys.executable))
     (fake / "jupyter").chmod(0o755)
     script = tmp_path / "run.sh"
     script.write_text(parts["runscript"])
-    connect = tmp_path / "private" / "connect.txt"
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "CONNECT": str(connect)}
+    connect = tmp_path / f"private-{len(args)}" / "connect.txt"
+    (tmp_path / "runtime").mkdir(exist_ok=True)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "CONNECT": str(connect),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     env.pop("JUPYTER_TOKEN", None)
-    done = subprocess.run(["sh", str(script), "--port", "9999", "--ServerApp.base_url=/x/"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    launched = next(line for line in done.stdout.splitlines() if line.startswith("jupyter "))
+    run = subprocess.Popen(["sh", str(script), *args], cwd=tmp_path, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        lines = []
+        for line in run.stdout:  # until the runscript says where; EOF if it ended first
+            lines.append(line)
+            if line.startswith("JupyterLab runs on"):
+                break
+        assert connect.exists(), "".join(lines)
+        # the runscript execs jupyter: the server is the process sh started
+        listens = [c.laddr.port for c in psutil.Process(run.pid).net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN]
+        return "".join(lines), connect, listens
+    finally:
+        os.killpg(run.pid, 15)
+        run.communicate(timeout=30)
+
+
+def test_runscript_starts_jupyterlab_and_names_the_port_it_took_to_its_owner_alone(
+        parts, tmp_path):
+    """%runscript: JupyterLab on this host's own address (not 0.0.0.0), port retries off, the token
+    in its environment and in a 0600 file, never in its arguments. Without --port, JupyterLab gets
+    --port=0 and binds a port the system gives it; the address in the file names the port the
+    server listens on (read from its runtime file), never one the script picked and let go."""
+    import socket
+
+    from dpcourse.rendezvous import free_port
+
+    assert "socket.socket()" not in parts["runscript"] and ".bind(" not in parts["runscript"]
+    out, connect, listens = _runscript(parts, tmp_path)
+    launched = next(line for line in out.splitlines() if line.startswith("jupyter "))
     host = socket.gethostname()
-    assert launched.startswith(f"jupyter lab --no-browser --ip={host} --port=9999 "
+    assert launched.startswith(f"jupyter lab --no-browser --ip={host} --port=0 "
                                "--ServerApp.port_retries=0"), launched
-    assert (launched.rstrip().endswith("--ServerApp.base_url=/x/")
-            and f"--ServerApp.root_dir={tmp_path}" in launched)
+    assert f"--ServerApp.root_dir={tmp_path}" in launched
+    port = int(re.search(r"port (\d+): http://", connect.read_text()).group(1))
+    assert listens == [port] and f"{host}:{port}/lab?token=" in connect.read_text(), (listens, out)
     token = re.search(r"token=(\w+)", connect.read_text()).group(1)
-    assert len(token) == 32 and token not in launched and f"token in env: {token}" in done.stdout
+    assert len(token) == 32 and token not in launched and f"token in env: {token}" in out
     assert (oct(connect.stat().st_mode & 0o777) == "0o600"
-            and f"cat {connect} (readable by you alone)" in done.stdout)
-    # Without --port: a port free here now, not a fixed 8888 that another user of the node may hold.
-    free = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=30)
-    port = int(re.search(r"--port=(\d+) ", free.stdout).group(1))
-    assert (free.returncode == 0 and port != 8888
-            and f"port {port};" in free.stdout), free.stdout + free.stderr
+            and f"port {port}; the address to open (with its token): cat {connect} (readable by "
+                "you alone)" in out), out
+    # --port N: that port, and the options after it reach JupyterLab
+    asked = free_port()
+    out, connect, listens = _runscript(parts, tmp_path, "--port", str(asked),
+                                       "--ServerApp.base_url=/x/")
+    launched = next(line for line in out.splitlines() if line.startswith("jupyter "))
+    assert (f"--port={asked} " in launched
+            and launched.rstrip().endswith("--ServerApp.base_url=/x/")
+            and listens == [asked] and f"port {asked}: http://" in connect.read_text()), out
 
 
 def test_the_horovod_image_builds_on_the_course_image():

@@ -723,7 +723,11 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_i
 def test_jupyter_on_a_compute_node_keeps_its_token_to_its_owner(slurm, tmp_path):
     """jupyter.sbatch: the tunnel line and the token go to a connection file of mode 0600 that the
     job's log names; the token is on no process's command line and not in the log; the server
-    answers with the token and refuses without it."""
+    answers with the token and refuses without it. JupyterLab is started with --port=0 and binds a
+    port itself: the port in the tunnel and in the log is the one this job's JupyterLab listens on,
+    never one the script picked and let go."""
+    import psutil
+
     out, connect = tmp_path / "jupyter.out", tmp_path / "private" / "jupyter.txt"
     sub = slurm.run(["sbatch", "--parsable", f"--output={out}", "--cpus-per-task=2",
                      str(SLURM_DIR / "jupyter.sbatch")],
@@ -758,7 +762,13 @@ def test_jupyter_on_a_compute_node_keeps_its_token_to_its_owner(slurm, tmp_path)
         # the server is running, and its token is nowhere in argv
         assert "jupyter lab" in args and token not in args
         log = out.read_text()
-        assert token not in log and f"cat {connect} (readable by you alone)" in log, log
+        assert token not in log and (f"JupyterLab runs on {node}, port {port}. The tunnel to type "
+                                     f"and the address to open: cat {connect} (readable by you "
+                                     "alone)") in log, log
+        listener = next(psutil.Process(c.pid) for c in psutil.net_connections("tcp")
+                        if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port))
+        assert (listener.environ().get("SLURM_JOB_ID") == job_id
+                and "--port=0" in listener.cmdline()), (listener.cmdline(), log)
     finally:
         slurm.run(["scancel", job_id])
 
