@@ -1,18 +1,23 @@
 """The Open OnDemand app (room/ondemand/dpcourse_jupyter): its YAML is valid and complete, its ERB
 templates render with Debian's ruby as Open OnDemand renders them (trim mode "-", the form's values
 as local names), the job script they make passes shellcheck in both environments, a form value
-never becomes YAML or shell syntax, and the .venv variant really starts JupyterLab behind
-/node/HOST/PORT/ with the session's secret.
+never becomes YAML or shell syntax, the job gets no more hours, CPUs, memory or GPUs than the form
+allows whatever is posted, the connection file names the port the session's server listens on
+(a port taken between find_port and JupyterLab's bind is left for another), and the .venv variant
+really starts JupyterLab behind /node/HOST/PORT/ with the session's secret.
 
 Skipped where ruby or shellcheck is missing, except in CI (CI=true), which installs them.
 """
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -24,14 +29,29 @@ FORM = {"shared_course": str(ROOT), "course_dir": str(ROOT), "environment": "ven
         "container_image": "",
         "bc_account": "trn01", "bc_queue": "gpu", "reservation": "workshop", "bc_num_hours": "2",
         "num_cores": "8", "memory_gb": "16", "num_gpus": "1"}
-# Open OnDemand's job script: its header, its find_port and create_passwd, then before.sh and
-# script.sh (as its basic template puts them together)
-OOD_STUB = """#!/usr/bin/env bash
-host={host}
-find_port() {{ echo {port}; }}
+# Open OnDemand's job script for a "basic" app (ood_core's BatchConnect::Template), cut down to what
+# the app uses: the helpers (find_port here hands out the test's ports in turn), host, before.sh
+# sourced, script.sh started in the background, after.sh sourced, and then the connection file
+# written from host, port and password
+OOD_WRAPPER = """#!/usr/bin/env bash
+find_port() {{
+    local ports=({ports}) n
+    n=$(cat "{work}/find_port.calls" 2>/dev/null || echo 0)
+    echo $((n + 1)) > "{work}/find_port.calls"
+    echo "${{ports[n]}}"
+}}
 create_passwd() {{ tr -dc A-Za-z0-9 </dev/urandom | head -c "$1"; }}
+export -f find_port create_passwd
+host={host}
+export host port
+{before}
+./script.sh &
+SCRIPT_PID=$!
+{after}
+(umask 077 && printf 'host: %s\\nport: %s\\npassword: %s\\n' "$host" "$port" "$password" \\
+    > connection.yml)
+wait "$SCRIPT_PID"
 """
-
 
 def _tool(name: str) -> str:
     found = shutil.which(name)
@@ -71,7 +91,8 @@ def test_the_app_files_are_valid_yaml_and_the_form_is_complete():
     smart = {"bc_account", "bc_queue", "bc_num_hours"}  # Open OnDemand's own attributes
     assert set(form["form"]) <= set(form["attributes"]) | smart
     assert set(FORM) == set(form["form"]), "the test's sample form is not the app's form"
-    for name in ("submit.yml.erb", "template/script.sh.erb", "template/before.sh.erb"):
+    for name in ("submit.yml.erb", "template/script.sh.erb", "template/before.sh.erb",
+                 "template/after.sh.erb"):
         assert (APP / name).exists(), name
     # Open OnDemand renders script.sh.erb to script.sh with the same mode, then runs ./script.sh
     assert os.access(APP / "template" / "script.sh.erb", os.X_OK), "script.sh.erb is not executable"
@@ -122,20 +143,33 @@ def test_the_job_gets_no_more_than_the_form_allows_whatever_is_posted(posted, ho
         (1, 8), (1, 32), (4, 64), (0, 1)], "form.yml's limits are not submit.yml.erb's"
 
 
-def job_script(host: str, port: int, **values) -> str:
-    script = render("template/script.sh.erb", **values).split("\n", 1)[1]  # its shebang: the stub's
-    return (OOD_STUB.format(host=host, port=port) + render("template/before.sh.erb", **values)
-            + "\n" + script)
+def session(work: Path, host: str, ports: list[int], **values) -> Path:
+    """The rendered app in ``work`` as Open OnDemand stages it (script.sh, executable), and the job
+    script that runs it (OOD_WRAPPER), whose path this returns."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "script.sh").write_text(render("template/script.sh.erb", **values))
+    (work / "script.sh").chmod(0o755)
+    wrapper = work / "job.sh"
+    wrapper.write_text(OOD_WRAPPER.format(
+        work=work, host=host, ports=" ".join(map(str, ports)),
+        before=render("template/before.sh.erb", **values),
+        after=render("template/after.sh.erb", **values)))
+    return wrapper
 
 
 @pytest.mark.parametrize("environment", ["venv", "container"])
-def test_the_job_script_passes_shellcheck(environment, tmp_path):
-    path = tmp_path / "job.sh"
-    path.write_text(job_script("node1", 8888, environment=environment,
-                               container_image="/shared/dpcourse.sif"))
-    done = subprocess.run([_tool("shellcheck"), "--severity=style", str(path)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + path.read_text()
+def test_the_job_scripts_pass_shellcheck(environment, tmp_path):
+    """The job script (with before.sh and after.sh in it, as Open OnDemand sources them) and
+    script.sh, which it starts."""
+    wrapper = session(tmp_path, "node1", [8888], environment=environment,
+                      container_image="/shared/dpcourse.sif")
+    script = tmp_path / "script-checked.sh"
+    script.write_text("#!/usr/bin/env bash\nhost=node1 password=secret\n"
+                      + (tmp_path / "script.sh").read_text().split("\n", 1)[1])
+    for path in (wrapper, script):
+        done = subprocess.run([_tool("shellcheck"), "--severity=style", str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + path.read_text()
 
 
 def test_a_hostile_course_folder_stays_one_word(tmp_path):
@@ -143,31 +177,108 @@ def test_a_hostile_course_folder_stays_one_word(tmp_path):
     assert "COURSE=x\\\"\\;\\ touch\\ /tmp/owned\\ \\#" in text, text
 
 
+def start_session(wrapper: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(["bash", str(wrapper)], cwd=wrapper.parent, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def connection_of(job: subprocess.Popen, wrapper: Path, cap_s: float) -> dict:
+    """The session's connection file, once the job script has written it (after after.sh)."""
+    connection = wrapper.parent / "connection.yml"
+    deadline = time.monotonic() + cap_s  # a cap for a hang only
+    while not connection.exists() and job.poll() is None:
+        assert time.monotonic() < deadline, "no connection file"
+        time.sleep(0.2)
+    assert connection.exists(), "the job ended without a connection file"
+    assert oct(connection.stat().st_mode & 0o777) == "0o600"
+    return yaml(connection.read_text())
+
+
+def listener(port: int, job: subprocess.Popen):
+    """The process that listens on ``port``: one the session's job script started."""
+    import psutil
+
+    found = [psutil.Process(c.pid) for c in psutil.net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert len(found) == 1 and job.pid in [p.pid for p in found[0].parents()], found
+    return found[0]
+
+
+# JupyterLab as script.sh sees it: `jupyter lab ... --ip=H --port=P --ServerApp.base_url=B` binds
+# (H, P) or stops, as jupyter_server does with port_retries=0, and answers B + api/status with 200
+# to the session's token alone
+FAKE_JUPYTER = """#!{python}
+import http.server, os, sys
+options = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
+status = options["ServerApp.base_url"] + "api/status"
+
+
+class Status(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        token = self.headers.get("Authorization") == "token " + os.environ["JUPYTER_TOKEN"]
+        self.send_response(200 if token and self.path == status else 403)
+        self.end_headers()
+
+
+try:
+    server = http.server.HTTPServer((options["ip"], int(options["port"])), Status)
+except OSError as err:
+    sys.exit(f"[C] ERROR: the Jupyter server could not be started: {{err}}")
+server.serve_forever()
+"""
+
+
+def test_a_port_taken_before_jupyterlab_binds_it_never_reaches_the_connection_file(tmp_path):
+    """Open OnDemand's path /node/HOST/PORT/ names the port, so script.sh must pick it (find_port)
+    before JupyterLab starts, and another program may take it in between. Here the first port
+    find_port hands out is taken so: JupyterLab (a stand-in that binds as jupyter_server does)
+    stops, the script picks the next one, and the connection file Open OnDemand reads names the
+    port the session's server listens on, written once that server answered to the session's
+    secret."""
+    course = tmp_path / "course"
+    (course / ".venv" / "bin").mkdir(parents=True)
+    (course / "pyproject.toml").write_text("")
+    (course / ".venv" / "bin" / "jupyter").write_text(FAKE_JUPYTER.format(python=sys.executable))
+    (course / ".venv" / "bin" / "jupyter").chmod(0o755)
+    taken = socket.create_server(("127.0.0.1", 0))  # another program's, between pick and bind
+    first, port = taken.getsockname()[1], free_port()
+    wrapper = session(tmp_path / "session", "127.0.0.1", [first, port], course_dir=str(course))
+    job = start_session(wrapper, {**os.environ, "HOME": str(tmp_path)})
+    try:
+        info = connection_of(job, wrapper, 60)
+        assert info["host"] == "127.0.0.1" and info["port"] == port, info
+        assert f"--port={port}" in listener(port, job).cmdline()
+    finally:
+        os.killpg(job.pid, 15)
+        out = job.communicate(timeout=30)[0]
+        taken.close()
+    assert (f"port {first} was taken before JupyterLab could bind it: another one (try 1 of 3)"
+            in out), out
+
+
 @pytest.mark.slow
 def test_the_venv_variant_serves_jupyterlab_behind_the_ood_path(tmp_path):
-    """The rendered job, run here: JupyterLab answers at /node/HOST/PORT/ with the session's secret,
-    and refuses without it."""
+    """The rendered job, run here with the course's JupyterLab: the connection file Open OnDemand
+    reads names the port the session's JupyterLab listens on, and JupyterLab answers at
+    /node/HOST/PORT/ with the session's secret, and refuses without it."""
     port = free_port()
-    path = tmp_path / "job.sh"
-    path.write_text(job_script("127.0.0.1", port).replace(
-        "password=$(create_passwd 32)", "password=ood-test-secret"))
+    wrapper = session(tmp_path / "session", "127.0.0.1", [port])
+    wrapper.write_text(wrapper.read_text().replace("password=$(create_passwd 32)",
+                                                   "password=ood-test-secret"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
     env.update(HOME=str(tmp_path), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
                JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
-    job = subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    base = f"http://127.0.0.1:{port}/node/127.0.0.1/{port}"
+    job = start_session(wrapper, env)
     try:
-        deadline, status = time.monotonic() + 90, None
-        while time.monotonic() < deadline and job.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token=ood-test-secret",
-                                            timeout=5) as r:
-                    status = json.loads(r.read())
-                    break
-            except OSError:
-                time.sleep(0.5)
-        assert status is not None, f"JupyterLab did not answer at {base}"
+        info = connection_of(job, wrapper, 90)
+        assert (info["host"], info["port"], info["password"]) == (
+            "127.0.0.1", port, "ood-test-secret"), info
+        assert (f"--ServerApp.base_url=/node/127.0.0.1/{port}/"
+                in listener(port, job).cmdline())
+        base = f"http://127.0.0.1:{port}/node/127.0.0.1/{port}"
+        with urllib.request.urlopen(f"{base}/api/status?token=ood-test-secret", timeout=5) as r:
+            assert r.status == 200
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{base}/api/status", timeout=5)
         assert refused.value.code == 403
