@@ -75,6 +75,10 @@ c.PAMAuthenticator.service = ROOM.pam_service
 c.PAMAuthenticator.open_sessions = False  # a learner's session is their Slurm job
 c.Authenticator.allowed_groups = set(ROOM.allowed_groups)
 c.Authenticator.blocked_users = {"root"}
+# The learner's name as the system has it, and a plain one: JupyterHub lowercases names, and
+# `sudo -u` with a lowercased Name is another account; the hub's commands hold {username} unquoted.
+c.PAMAuthenticator.pam_normalize_username = True
+c.Authenticator.username_pattern = r"^[a-z_][a-z0-9_.-]{0,31}$"
 # Instructors see the room and start or stop servers; JupyterHub's admin role could also enter
 # every learner's server and run code as them, which no centre allows.
 c.JupyterHub.load_roles = [
@@ -96,6 +100,7 @@ if urlparse(ROOM.hub_connect_url).hostname in ("127.0.0.1", "localhost", "0.0.0.
     print(f"dpcourse hub: servers reach the hub at {ROOM.hub_connect_url}: right on one machine "
           "(make room-demo), wrong on a cluster: set hub_connect_url", file=sys.stderr)
 c.ConfigurableHTTPProxy.command = [ROOM.proxy]   # configurable-http-proxy: make room-setup
+c.ConfigurableHTTPProxy.api_url = ROOM.proxy_api_url
 c.JupyterHub.db_url = f"sqlite:///{ROOM.state}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = str(ROOM.state / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(ROOM.state / "jupyterhub-proxy.pid")

@@ -39,7 +39,7 @@ def _on_the_way(path: Path) -> str | None:
             st = p.lstat()
         except FileNotFoundError:
             return None
-        if _bad(st):
+        if not stat.S_ISLNK(st.st_mode) and _bad(st):  # a link's own mode means nothing
             return _say(p, st)
     return None
 
@@ -57,9 +57,10 @@ def first_unsafe(trees) -> str | None:
             return problem
         if not os.path.lexists(top):
             continue
-        if top.is_symlink():  # e.g. .venv/bin/python -> the interpreter: check what it names
-            todo.append(Path(os.path.realpath(top)))
-            continue
+        if str(real := Path(os.path.realpath(top))) != str(top):
+            todo.append(real)  # a link on the way or at the end (.venv/bin/python): what it names
+            if top.is_symlink():
+                continue
         if not top.is_dir():
             continue
         for folder, dirs, files in os.walk(top):
@@ -82,8 +83,15 @@ def hub_trees(course: Path, state: str, proxy: str = "") -> list:
     python = Path(os.path.realpath(course / ".venv" / "bin" / "python"))
     stdlib = python.parent.parent / "lib" / python.name  # e.g. /usr/lib/python3.11
     venv = [sys.prefix] if sys.prefix != sys.base_prefix else []  # a .venv outside the course
-    proxy = proxy or str(course / "build" / "room" / "node_modules")
-    return [course, *venv, python, stdlib, proxy, shutil.which("node") or "", state]
+    # the proxy the hub will run (dpcourse.hub.Settings finds it the same way): make room-setup's,
+    # else the one on PATH; of a program, its package folder too (.../configurable-http-proxy)
+    local = course / "build" / "room" / "node_modules"
+    proxy = proxy or (str(local) if local.exists()
+                      else shutil.which("configurable-http-proxy") or str(local))
+    trees = [course, *venv, python, stdlib, proxy, shutil.which("node") or "", state]
+    if os.path.isfile(real := os.path.realpath(proxy)):
+        trees.append(str(Path(real).parent.parent))
+    return trees
 
 
 if __name__ == "__main__":

@@ -121,6 +121,7 @@ def room(slurm, proxy, own_tmp):
         env = {**os.environ, **slurm.env, **accounts.env,
                "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
                "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{hub_port}",
+               "DPCOURSE_HUB_PROXY_API_URL": f"http://127.0.0.1:{free_port()}",
                "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_TIME": "00:20:00",
                "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
                "DPCOURSE_HUB_DATA": str(ROOT / "data"), "DPCOURSE_HUB_EXTRA_CONFIG": str(extra)}
@@ -246,6 +247,9 @@ def test_room_demo_starts_a_room_and_stops_only_what_it_started(proxy, slurm):
     for n in accounts:
         assert subprocess.run(["id", n], capture_output=True).returncode != 0, f"{n} is still there"
     assert {p: hub.unreachable([p], "nobody") for p in before} == before, "an ACL was not put back"
+    # nothing of the removed accounts stays in the course (root's check would refuse it)
+    left = [p for p in (ROOT / "build" / "room-demo").rglob("*") if p.lstat().st_uid != 0]
+    assert not left, f"the demo left files of accounts it removed: {left[:5]}"
     left = [p.pid for p in psutil.process_iter(["cmdline"])
             if any(f"127.0.0.1:{port}" in a for a in p.info["cmdline"] or ())]
     assert not left, f"the demo left processes: {left}"
@@ -360,6 +364,19 @@ def test_log_in_is_for_the_training_group_only(room, tmp_path):
 
     member = next(iter(room.passwords))
     assert "/hub/spawn" in log_in(member, room.passwords[member]).url
+    # The hub's service user may act as the members of this room's group, and no one else
+    rights = subprocess.run(["sudo", "-l", "-U", room.service], capture_output=True, text=True)
+    assert f"(%{room.group}, !root) SETENV: NOPASSWD:" in rights.stdout, rights.stdout
+    # A name that differs from a member's by case only is another account: it gets no session
+    # (JupyterHub lowercases names; the hub would then act as the member)
+    upper = member.capitalize()
+    subprocess.run(["useradd", "--badname", "--groups", room.group, upper], check=True)
+    subprocess.run(["chpasswd"], input=f"{upper}:{room.passwords[member]}x", text=True, check=True)
+    try:
+        r = log_in(upper, f"{room.passwords[member]}x")
+        assert r.status_code == 403 and "/hub/spawn" not in r.url, (r.status_code, r.url)
+    finally:
+        hub.remove_learner(upper)
     outsider, password = f"dpo{secrets.token_hex(3)}", secrets.token_urlsafe(12)
     hub.add_learner(outsider, password)  # a real account with a right password, in no group
     try:
@@ -369,7 +386,8 @@ def test_log_in_is_for_the_training_group_only(room, tmp_path):
         hub.remove_learner(outsider)
 
     env = {**room.hub_env, "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{free_port()}",
-           "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{free_port()}"}
+           "DPCOURSE_HUB_HUB_BIND_URL": f"http://127.0.0.1:{free_port()}",
+           "DPCOURSE_HUB_PROXY_API_URL": f"http://127.0.0.1:{free_port()}"}
     line = _refused({**env, "DPCOURSE_HUB_ALLOWED_GROUPS": ""}, tmp_path / "a.log", room.service)
     assert "allowed_groups is empty" in line, line
     line = _refused({**env, "DPCOURSE_HUB_PAM_SERVICE": "dpcourse-none"}, tmp_path / "b.log",

@@ -171,10 +171,12 @@ def test_root_refuses_what_others_may_change(tmp_path):
 
 def test_the_sudoers_rule_is_valid_and_refuses_odd_names():
     rule = hub.sudoers("dpcourse-hub", ["trn01"], which=lambda c: f"/opt/slurm/bin/{c}")
-    assert "DPCOURSE_LEARNERS = %trn01, !root" in rule
-    assert "NOPASSWD: SETENV: DPCOURSE_SUBMIT" in rule
-    assert "DPCOURSE_SUBMIT = /opt/slurm/bin/sbatch --parsable" in rule
-    assert "SETENV" not in rule.split("DPCOURSE_SUBMIT\n", 1)[1], "sbatch alone keeps its variables"
+    submit, watch = [line for line in rule.splitlines() if line.startswith("dpcourse-hub ALL")]
+    assert submit == ("dpcourse-hub ALL = (%trn01, !root) NOPASSWD: SETENV: "
+                      "/opt/slurm/bin/sbatch --parsable")
+    assert watch.startswith("dpcourse-hub ALL = (%trn01, !root) NOPASSWD: /opt/slurm/bin/squeue")
+    assert "SETENV" not in watch, "sbatch alone keeps its variables"
+    assert "_Alias" not in rule, "an alias name is sudo's first file's: a second room's would clash"
     if shutil.which("visudo"):
         done = subprocess.run(["visudo", "-cf", "-"], input=rule, text=True, capture_output=True)
         assert done.returncode == 0, done.stderr + rule
@@ -224,3 +226,26 @@ def test_the_proxy_is_installed_from_a_lock_with_every_package_s_hash():
     recipe = subprocess.run(["make", "-n", "room-setup"], cwd=ROOT, capture_output=True, text=True,
                             timeout=60).stdout
     assert "npm ci --prefix build/room --ignore-scripts" in recipe and "npm install" not in recipe
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's check: the files here must be root's")
+def test_root_checks_the_proxy_it_would_run_from_path(tmp_path, monkeypatch):
+    """Without make room-setup's proxy, the hub runs configurable-http-proxy from PATH: as root,
+    that program and its package folder are checked too."""
+    course = tmp_path / "course"
+    course.mkdir()
+    package = tmp_path / "lib" / "node_modules" / "configurable-http-proxy"
+    (package / "bin").mkdir(parents=True)
+    (package / "bin" / "configurable-http-proxy").write_text("#!/usr/bin/env node\n")
+    (package / "bin" / "configurable-http-proxy").chmod(0o755)
+    (package / "index.js").write_text("")
+    (package / "index.js").chmod(0o666)  # what the proxy loads, writable by all
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "configurable-http-proxy").symlink_to(package / "bin" / "configurable-http-proxy")
+    os.chmod(tmp_path, 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    trees = ROOTCHECK["hub_trees"](course, str(tmp_path / "state"))
+    assert str(package) in trees
+    found = ROOTCHECK["first_unsafe"](trees)
+    assert found.startswith(f"{package}/index.js (owner uid 0, mode 666)"), found

@@ -100,6 +100,7 @@ class Settings:
     bind_url: str = "http://127.0.0.1:8000"
     hub_bind_url: str = "http://127.0.0.1:8081"
     hub_connect_url: str = ""
+    proxy_api_url: str = "http://127.0.0.1:8001"  # the proxy's own API, for the hub alone
     proxy: str = ""
     state: Path = Path()
     start_timeout: int = 1200
@@ -256,16 +257,15 @@ def sudoers(service_user: str, groups, which=shutil.which) -> str:
         raise ValueError("name the training group(s) whose members the hub may act as")
     sbatch, squeue, scancel = (which(c) or f"/usr/bin/{c}" for c in ("sbatch", "squeue", "scancel"))
     learners = ", ".join(f"%{g}" for g in groups)
+    # no aliases: sudo keeps the first definition of an alias name, so a second room's rule that
+    # reused one would give its hub the first room's learners
     return f"""\
-# /etc/sudoers.d/dpcourse-hub (0440 root:root), from: python -m dpcourse.hub sudoers
+# /etc/sudoers.d/{service_user} (0440 root:root), from: python -m dpcourse.hub sudoers
 # The room's hub runs as {service_user} and submits, watches and cancels each learner's JupyterLab
 # as that learner: the members of {", ".join(groups)}, never root. Nothing else.
 Defaults:{service_user} env_keep += "SLURM_CONF"
-Runas_Alias DPCOURSE_LEARNERS = {learners}, !root
-Cmnd_Alias DPCOURSE_SUBMIT = {sbatch} --parsable
-Cmnd_Alias DPCOURSE_WATCH = {squeue} -h -j * -o %T %B, {scancel} *
-{service_user} ALL = (DPCOURSE_LEARNERS) NOPASSWD: SETENV: DPCOURSE_SUBMIT
-{service_user} ALL = (DPCOURSE_LEARNERS) NOPASSWD: DPCOURSE_WATCH
+{service_user} ALL = ({learners}, !root) NOPASSWD: SETENV: {sbatch} --parsable
+{service_user} ALL = ({learners}, !root) NOPASSWD: {squeue} -h -j * -o %T %B, {scancel} *
 """
 
 
@@ -413,6 +413,8 @@ def local_room(course: Path, names, state: Path, tag: str = ""):
         finally:
             for n in reversed(made):
                 remove_learner(n)
+            if service in made:  # the state folder was the service user's, who is gone
+                shutil.rmtree(state, ignore_errors=True)
 
 
 def start_hub(course: Path, env: dict, log: Path, user: str = "") -> subprocess.Popen:
@@ -476,6 +478,8 @@ def demo(learners: int = 3, port: int = 8000) -> int:
         try:
             env = {**os.environ, **cluster.env, **room.env,
                    "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
+                   **{f"DPCOURSE_HUB_{k}": f"http://127.0.0.1:{p}" for k, p in  # not 8081, 8001:
+                      zip(("HUB_BIND_URL", "PROXY_API_URL"), localslurm._free_ports(2))},
                    "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_MAX_CPUS": "2",
                    "DPCOURSE_HUB_TIME": "01:00:00", "DPCOURSE_HUB_IDLE_TIMEOUT": "900",
                    "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
@@ -502,6 +506,7 @@ def demo(learners: int = 3, port: int = 8000) -> int:
             for n in names:  # the learners' servers: the hub leaves their jobs running
                 cluster.run(["scancel", "-u", n])
             cluster.settle()
+            shutil.rmtree(state / "records", ignore_errors=True)  # the demo learners' folders
             print("the room is stopped: hub, jobs and accounts", flush=True)
     return 0
 
