@@ -39,6 +39,7 @@ EDIT = dict(
     data="",               # DPCOURSE_DATA for every server (a shared, read-only copy)
     room_records="",       # DPCOURSE_ROOM: where `make check` leaves records for the live view
     allowed_groups=(),     # who may log in: the training group, e.g. ("trn01",); required
+    subdomain_host="",     # "https://hub.example.org": each server on its own subdomain (advised)
     admins=(),             # instructors: the admin page, start and stop servers (not enter them)
     pam_service="dpcourse-hub",     # /etc/pam.d/dpcourse-hub, from room/pam/dpcourse-hub
     state="/var/lib/dpcourse-hub",  # the hub's database and cookie secret: the hub's user's alone
@@ -92,6 +93,12 @@ c.JupyterHub.load_roles = [
 # 127.0.0.1; on its own, give it a certificate (c.JupyterHub.ssl_cert / ssl_key) and bind to
 # https://0.0.0.0:443. Never serve plain HTTP beyond one machine: passwords cross it.
 c.JupyterHub.bind_url = ROOM.bind_url
+# Each learner's server on a subdomain of its own (alice.hub.example.org): a learner controls what
+# their own server serves, and on the hub's one origin a page of theirs could act in the JupyterLab
+# of another learner who opens it. Needs a wildcard DNS entry and certificate; JupyterHub's
+# security overview asks for it wherever learners are not trusted.
+if ROOM.subdomain_host:
+    c.JupyterHub.subdomain_host = ROOM.subdomain_host
 # The hub's own API, which each server (on a compute node) calls back: an address the compute
 # nodes reach, e.g. the login node's name on the cluster's internal network.
 c.JupyterHub.hub_bind_url = ROOM.hub_bind_url

@@ -98,6 +98,7 @@ class Settings:
     site_prologue: str = ""
     poll_s: int = 5
     bind_url: str = "http://127.0.0.1:8000"
+    subdomain_host: str = ""  # e.g. "https://hub.example.org": each server on its own subdomain
     hub_bind_url: str = "http://127.0.0.1:8081"
     hub_connect_url: str = ""
     proxy_api_url: str = "http://127.0.0.1:8001"  # the proxy's own API, for the hub alone
