@@ -8,8 +8,9 @@ on_term() {
     [[ $(squeue --noheader --format=%T --jobs="$job" 2>/dev/null) == RUNNING ]] && return
     # Renamed first: a deletion cut short by SIGKILL is never taken for a finished copy (a requeued run
     # of the job, with the same id, on this node). Only a folder of the job's user: one of this name
-    # that another user made (the job refused to stage into it) is theirs.
-    if [[ -d $dir && ! -L $dir && -O $dir ]] && mv -- "$dir" "$dir.deleting-$$" 2>/dev/null; then
+    # that another user made (the job refused to stage into it) is theirs. mv -T: a folder of the
+    # new name that someone made first fails the rename, instead of receiving the job's data.
+    if [[ -d $dir && ! -L $dir && -O $dir ]] && mv -T -- "$dir" "$dir.deleting-$$" 2>/dev/null; then
         rm -rf -- "$dir.deleting-$$"
     fi
     exit 0

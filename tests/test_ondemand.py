@@ -206,10 +206,12 @@ def listener(port: int, job: subprocess.Popen):
 
 
 # JupyterLab as script.sh sees it: `jupyter lab ... --ip=H --port=P --ServerApp.base_url=B` binds
-# (H, P) or stops, as jupyter_server does with port_retries=0, and answers B + api/status with 200
+# (H, P) or stops, as jupyter_server does with port_retries=0, then writes its runtime file
+# (jpserver-PID.json in JUPYTER_RUNTIME_DIR, with the port), and answers B + api/status with 200
 # to the session's token alone
 FAKE_JUPYTER = """#!{python}
-import http.server, os, sys
+import http.server, json, os, sys, time
+time.sleep(1.5)  # a real one takes seconds to start: the job script polls meanwhile
 options = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
 status = options["ServerApp.base_url"] + "api/status"
 
@@ -225,6 +227,9 @@ try:
     server = http.server.HTTPServer((options["ip"], int(options["port"])), Status)
 except OSError as err:
     sys.exit(f"[C] ERROR: the Jupyter server could not be started: {{err}}")
+if runtime := os.environ.get("JUPYTER_RUNTIME_DIR"):  # jupyter_server's default is ~/.local/...
+    with open(os.path.join(runtime, f"jpserver-{{os.getpid()}}.json"), "w") as f:
+        json.dump({{"port": int(options["port"]), "pid": os.getpid()}}, f, indent=2)
 server.serve_forever()
 """
 
@@ -234,14 +239,16 @@ def test_a_port_taken_before_jupyterlab_binds_it_never_reaches_the_connection_fi
     before JupyterLab starts, and another program may take it in between. Here the first port
     find_port hands out is taken so: JupyterLab (a stand-in that binds as jupyter_server does)
     stops, the script picks the next one, and the connection file Open OnDemand reads names the
-    port the session's server listens on, written once that server answered to the session's
-    secret."""
+    port the session's server listens on, written once that server's runtime file says it holds
+    the port. The program that took the port never receives the session's secret: it could be
+    another user's, waiting for it."""
     course = tmp_path / "course"
     (course / ".venv" / "bin").mkdir(parents=True)
     (course / "pyproject.toml").write_text("")
     (course / ".venv" / "bin" / "jupyter").write_text(FAKE_JUPYTER.format(python=sys.executable))
     (course / ".venv" / "bin" / "jupyter").chmod(0o755)
     taken = socket.create_server(("127.0.0.1", 0))  # another program's, between pick and bind
+    taken.settimeout(0.2)
     first, port = taken.getsockname()[1], free_port()
     wrapper = session(tmp_path / "session", "127.0.0.1", [first, port], course_dir=str(course))
     job = start_session(wrapper, {**os.environ, "HOME": str(tmp_path)})
@@ -249,6 +256,19 @@ def test_a_port_taken_before_jupyterlab_binds_it_never_reaches_the_connection_fi
         info = connection_of(job, wrapper, 60)
         assert info["host"] == "127.0.0.1" and info["port"] == port, info
         assert f"--port={port}" in listener(port, job).cmdline()
+        received = b""  # what the script sent to the program that took the port, if anything
+        while True:
+            try:
+                conn = taken.accept()[0]
+            except TimeoutError:
+                break
+            conn.settimeout(0.5)
+            try:
+                received += conn.recv(65536)
+            except TimeoutError:
+                pass
+            conn.close()
+        assert info["password"].encode() not in received, received
     finally:
         os.killpg(job.pid, 15)
         out = job.communicate(timeout=30)[0]
