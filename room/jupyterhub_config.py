@@ -12,7 +12,8 @@ first start). Servers idle for IDLE_TIMEOUT seconds are stopped, so a forgotten 
 the reservation. docs/instructor.md, "Deploying the hub", is the guide: the service user, its
 sudoers rule (python -m dpcourse.hub sudoers), the PAM service (room/pam/dpcourse-hub), HTTPS.
 
-Set the room once, below (EDIT), or through the DPCOURSE_HUB_* variables of the same names.
+Set the room once, below (EDIT), or through the DPCOURSE_HUB_* variables of the same names (e.g. in
+/etc/dpcourse-hub.env, which room/dpcourse-hub.service reads: the checkout stays as it came).
 """
 import os
 import runpy
@@ -39,6 +40,10 @@ EDIT = dict(
     data="",               # DPCOURSE_DATA for every server (a shared, read-only copy)
     room_records="",       # DPCOURSE_ROOM: where `make check` leaves records for the live view
     allowed_groups=(),     # who may log in: the training group, e.g. ("trn01",); required
+    bind_url="http://127.0.0.1:8000",      # what the browsers open: behind the site's HTTPS proxy
+    hub_bind_url="http://127.0.0.1:8081",  # the hub's API for the servers: an internal address
+    hub_connect_url="",    # how a compute node reaches it, if not hub_bind_url
+    proxy_api_url="http://127.0.0.1:8001",  # the proxy's own API, the hub's alone
     subdomain_host="",     # "https://hub.example.org": each server on its own subdomain (advised)
     admins=(),             # instructors: the admin page, start and stop servers (not enter them)
     pam_service="dpcourse-hub",     # /etc/pam.d/dpcourse-hub, from room/pam/dpcourse-hub

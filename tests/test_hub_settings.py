@@ -249,3 +249,27 @@ def test_root_checks_the_proxy_it_would_run_from_path(tmp_path, monkeypatch):
     assert str(package) in trees
     found = ROOTCHECK["first_unsafe"](trees)
     assert found.startswith(f"{package}/index.js (owner uid 0, mode 666)"), found
+
+
+def test_the_service_unit_runs_the_hub_as_its_user_with_the_guide_s_settings():
+    """room/dpcourse-hub.service: the service user, the course's config, the settings from
+    /etc/dpcourse-hub.env, sudo left able to run (no NoNewPrivileges); and every DPCOURSE_HUB_*
+    the guide names is a setting of the room."""
+    import configparser
+    import dataclasses
+    import re
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read_string((ROOT / "room" / "dpcourse-hub.service").read_text())
+    service = unit["Service"]
+    assert service["User"] == "dpcourse-hub"
+    assert service["EnvironmentFile"] == "-/etc/dpcourse-hub.env"
+    assert service["ExecStart"].endswith("jupyterhub -f /opt/dpcourse/room/jupyterhub_config.py")
+    assert "NoNewPrivileges" not in service
+    fields = {f.name.upper() for f in dataclasses.fields(hub.Settings)}
+    guide = (ROOT / "docs" / "instructor.md").read_text()
+    named = set(re.findall(r"DPCOURSE_HUB_([A-Z_]+)", guide)) - {"", "NAME"}
+    assert named and named <= fields, f"not settings: {sorted(named - fields)}"
+    s = hub.Settings.from_env(course=ROOT, allowed_groups="trn01,instructors", admins="ana")
+    assert s.allowed_groups == ("trn01", "instructors") and s.admins == ("ana",)
