@@ -617,6 +617,23 @@ def test_a_preempted_job_resumes_from_its_last_checkpoint(slurm, tmp_path):
           f"(saved on SIGTERM: {bool(saved)}), finished at step {resumed + 10}")
 
 
+def _wait_all(slurm, jobs: dict, timeout: float) -> dict:
+    """{name: (state, exit code)} of jobs that run side by side, each asked for in turn until it
+    has ended: slurmctld forgets an ended job after MinJobAge (3 s here), so waiting for one job
+    at a time can miss the end of another that ended first."""
+    ended, deadline = {}, time.monotonic() + timeout
+    while len(ended) < len(jobs):
+        for name, job in jobs.items():
+            if name not in ended:
+                try:
+                    ended[name] = slurm.wait(job, timeout=0)  # asks once
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise
+        time.sleep(slurm.poll_s)
+    return ended
+
+
 @pytest.mark.slow
 def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_is_cut_off(
         slurm, tmp_path):
@@ -670,7 +687,7 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_i
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        ended = {name: slurm.wait(job, timeout=900) for name, job in jobs.items()}
+        ended = _wait_all(slurm, jobs, timeout=900)
     except TimeoutError as late:
         pytest.fail(f"{late}\n--- warned job:\n{slurm.output(jobs['warned'])}\n--- unwarned job:\n"
                     f"{slurm.output(jobs['unwarned'])}\n{slurm.logs()}", pytrace=False)
