@@ -253,7 +253,7 @@ def test_a_port_taken_before_jupyterlab_binds_it_never_reaches_the_connection_fi
     wrapper = session(tmp_path / "session", "127.0.0.1", [first, port], course_dir=str(course))
     job = start_session(wrapper, {**os.environ, "HOME": str(tmp_path)})
     try:
-        info = connection_of(job, wrapper, 60)
+        info = connection_of(job, wrapper, 300)  # a cap for a hang, not a timing
         assert info["host"] == "127.0.0.1" and info["port"] == port, info
         assert f"--port={port}" in listener(port, job).cmdline()
         received = b""  # what the script sent to the program that took the port, if anything
@@ -291,7 +291,7 @@ def test_the_venv_variant_serves_jupyterlab_behind_the_ood_path(tmp_path):
                JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
     job = start_session(wrapper, env)
     try:
-        info = connection_of(job, wrapper, 90)
+        info = connection_of(job, wrapper, 300)
         assert (info["host"], info["port"], info["password"]) == (
             "127.0.0.1", port, "ood-test-secret"), info
         assert (f"--ServerApp.base_url=/node/127.0.0.1/{port}/"
