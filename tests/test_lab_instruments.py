@@ -19,6 +19,18 @@ PARAM_BYTES = 4 * sum(p.numel() for p in FashionCNN().parameters())
 PHASES = {"data", "forward", "backward", "allreduce", "optimizer"}
 
 
+def powersgd_bytes(model, rank=1):
+    """What PyTorch's PowerSGD hook sends per step for one bucket of all of model's float32
+    gradients: a gradient viewed as n × m goes as P (n × r) and Q (m × r) when (n + m)·r·2 < n·m
+    (min_compression_rate 2), else whole."""
+    numbers = 0
+    for p in model.parameters():
+        n, m = p.shape[0], p[0].numel()
+        r = min(n, m, rank)
+        numbers += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+    return 4 * numbers
+
+
 def timed(records):
     return [r for r in records if "split_ms" in r]
 
@@ -38,6 +50,7 @@ def test_time_split_bytes_buckets_trace_and_lr_scaling(tmp_path, fashion_root):
         assert sum(r["split_ms"].values()) == pytest.approx(step_ms, rel=0.1)
         assert r["comm_bytes"] == PARAM_BYTES  # every gradient, once per step
         assert r["buckets"] > 1  # a 20 KB cap splits the 82 KB of gradients
+        assert r["collectives"] == r["buckets"]  # the plain hook: one all-reduce per bucket
         assert r["comm_ms"] > 0
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"ProfilerStep#6", "ProfilerStep#8", "gloo:all_reduce"} <= names
@@ -47,7 +60,8 @@ def test_one_bucket_by_default_and_fp16_halves_the_bytes(fashion_root):
     result, log = lab(2, "--max-steps", "6", "--no-eval", "--log-every", "3", "--time-split",
                       "--comm-hook", "fp16")
     assert result.returncode == 0, result.stdout
-    assert [(r["comm_bytes"], r["buckets"]) for r in timed(log)] == [(PARAM_BYTES // 2, 1)] * 2
+    assert ([(r["comm_bytes"], r["collectives"], r["buckets"]) for r in timed(log)]
+            == [(PARAM_BYTES // 2, 1, 1)] * 2)
 
 
 def test_powersgd_sends_a_fraction_after_its_start_and_on_cpu_ranks_wants_no_gpu_visible(
@@ -68,10 +82,11 @@ def test_powersgd_sends_a_fraction_after_its_start_and_on_cpu_ranks_wants_no_gpu
     result = run(cmd, timeout=180, env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stdout
     log = read_log(log_file)
-    plain, compressed = [r["comm_bytes"] for r in timed(log)]
-    assert plain == PARAM_BYTES  # the first steps: plain all-reduce
-    # rank-1 factors of the weight matrices, small tensors as they are
-    assert compressed < PARAM_BYTES / 4
+    plain, compressed = timed(log)
+    assert (plain["comm_bytes"], plain["collectives"]) == (PARAM_BYTES, 1)  # the first steps
+    # then three all-reduces per bucket: the small tensors whole, the rank-1 P's, the Q's
+    assert compressed["comm_bytes"] == powersgd_bytes(FashionCNN()) < PARAM_BYTES / 4
+    assert (compressed["collectives"], compressed["buckets"]) == (3, 1)
 
 
 def test_accumulation_with_no_sync_gives_the_same_weights(tmp_path, fashion_root):

@@ -64,9 +64,10 @@ class StepTimer:
     all-reduce time, hidden or not.
 
     Bytes: while a step is open, calls of ``torch.distributed`` collectives made from Python (DDP
-    hooks, PowerSGD, model averaging) are counted: the payload in bytes this rank hands over,
-    in groups of more than one rank. DDP's built-in all-reduce runs in C++ and is not seen: time a
-    run with a registered hook (``default_hooks.allreduce_hook`` does what the built-in does).
+    hooks, PowerSGD, model averaging) are counted: how many calls, and the payload in bytes this
+    rank hands over, in groups of more than one rank. DDP's built-in all-reduce runs in C++ and is
+    not seen: time a run with a registered hook (``default_hooks.allreduce_hook`` does what the
+    built-in does).
 
     The counting wraps those ``torch.distributed`` functions from ``start()`` to ``stop()`` only,
     and puts torch's own back after each step; ``close()`` (or leaving a ``with StepTimer(...)``
@@ -108,7 +109,7 @@ class StepTimer:
         self.close()
 
     def _reset(self):
-        self.ms, self.steps, self.comm_s, self.bytes, self.buckets = {}, 0, 0.0, 0, 0
+        self.ms, self.steps, self.comm_s, self.bytes, self.buckets, self.calls = {}, 0, 0.0, 0, 0, 0
 
     def _counting(self, collective):
         def counted(*args, **kwargs):
@@ -118,6 +119,7 @@ class StepTimer:
                 group = kwargs.get("group")
                 if dist.get_world_size(group) > 1:
                     self.bytes += tensor.numel() * tensor.element_size()
+                    self.calls += 1
             return collective(*args, **kwargs)
         counted.__name__ = collective.__name__
         return counted
@@ -167,13 +169,14 @@ class StepTimer:
 
     def report(self) -> dict:
         """Mean per step since the last report: ``split_ms`` by phase, ``comm_ms``, ``comm_bytes``,
-        and ``buckets`` (all-reduces DDP launched per step)."""
+        ``collectives`` (the calls that sent them) and ``buckets`` (DDP's hook calls per step, one
+        per bucket; a hook may make more than one collective call per bucket, PowerSGD's three)."""
         if not self.enabled or not self.steps:
             return {}
         n = self.steps
         out = {"split_ms": {k: round(v / n, 3) for k, v in self.ms.items()},
                "comm_ms": round(1000 * self.comm_s / n, 3), "comm_bytes": round(self.bytes / n),
-               "buckets": round(self.buckets / n, 2)}
+               "collectives": round(self.calls / n, 2), "buckets": round(self.buckets / n, 2)}
         self._reset()
         return out
 
