@@ -333,7 +333,8 @@ def parse_args(argv=None):
     p.add_argument("--compression", default="none", choices=["none", "fp16"],
                    help="gradients sent as fp16")
     p.add_argument("--adasum", action="store_true",
-                   help="combine gradients with Adasum, not averaging (MPI; a power of 2 ranks)")
+                   help="combine gradients with Adasum, not averaging (MPI; a power of 2 "
+                        "ranks on the CPU, of nodes on GPUs)")
     p.add_argument("--fusion-threshold-mb", type=float, default=None,
                    help="Tensor Fusion buffer (default: Horovod's, 128 MB, or "
                    "$HOROVOD_FUSION_THRESHOLD)")

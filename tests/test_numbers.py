@@ -4,8 +4,8 @@ A number that a notebook measures (a time, a share, a ratio, a size, a throughpu
 printed by a code cell, or rendered into Markdown from the value by one
 (`display(Markdown(f"… {ratio:.0f}× …"))`): it cannot go stale, and a learner who runs the notebook
 reads their own. Only published figures are typed, and their sentence cites them the way the
-course does: an author and a year ("Goyal et al., 2017", "McCandlish et al. (2018"), the seed study
-by its author ("P. Orlob"), or a link.
+course does: an author and a year ("Goyal et al., 2017", "McCandlish et al. (2018"), the Horovod
+scaling study by its author ("P. Orlob"), or a link.
 
 The scanner reads the Markdown cells of every solutions/*.ipynb and README.md (its prose, and the
 comments in its code blocks), leaves out code spans and LaTeX, and finds numbers next to a
@@ -59,7 +59,8 @@ QUANTITY = re.compile(rf"\b(?:accuracy|accuracies|efficiency|efficiencies|speedu
 PATTERNS = (DIGITS, IN_WORDS, APPROXIMATE, QUANTITY)
 
 # How the course cites: an author and a year ("Goyal et al., 2017", "Hoffer et al. (2017",
-# "Krizhevsky, 2014", "You, Gitman and Ginsburg, 2017"), the seed study by its author, or a link.
+# "Krizhevsky, 2014", "You, Gitman and Ginsburg, 2017"), the Horovod scaling study by its author,
+# or a link.
 # Once a cell has cited an author with a year, "Goyal et al." alone cites them in its other
 # sentences; a table row cites with its author ("X et al.") in one column and its year in another.
 _AUTHOR = r"[A-Z][\w'’-]+"
@@ -358,8 +359,8 @@ def test_the_scanner_flags_a_hand_typed_figure_and_passes_a_cited_or_computed_on
         assert scan(sentence), f"not flagged: {sentence}"
     assert [f.figure for f in scan(bad[0])] == ["2 seconds", "ten times"]
     assert [f.figure for f in scan(bad[4])] == ["accuracy of 0.86", "268 steps", "9,273 images/s"]
-    good = ["The seed study (P. Orlob, a thesis talk on Horovod's scaling, ZIH, TU Dresden) found "
-            "**28 %** of the runtime in gradient synchronisation.",
+    good = ["The Horovod scaling study (P. Orlob, a thesis talk on Horovod's scaling, ZIH, "
+            "TU Dresden) found **28 %** of the runtime in gradient synchronisation.",
             "Goyal et al. (2017) trained ResNet-50 for 90 epochs in one hour, with a warm-up of 5.",
             "LAMB (You et al., 2019: BERT pre-training in 76 minutes with batches of 64K) is next.",
             "about 0.9 from 8 to 256 GPUs (<https://arxiv.org/abs/1706.02677>).",
