@@ -44,10 +44,10 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 data: setup
-	$(BIN)/python -m dpcourse.data fetch
+	$(BIN)/python -m dpcourse.lab.data fetch
 
 course: data
-	$(BIN)/python -m dpcourse.course run
+	$(BIN)/python -m dpcourse.kit.course run
 
 # JupyterLab at the top of the course folder (notebooks/ and labs/ both in its file browser),
 # opening notebook 00; as root (containers) it needs --allow-root.
@@ -66,13 +66,13 @@ lint: setup
 
 # Refuses to overwrite edited copies in notebooks/ and labs/ (a learner's work) unless FORCE=1.
 student: setup
-	$(BIN)/python -m dpcourse.course student$(if $(FORCE), --force)
+	$(BIN)/python -m dpcourse.kit.course student$(if $(FORCE), --force)
 
 # An unfinished exercise is not a crash: after the summary, end make with SIGPIPE, which neither
 # make nor the shell reports (status 141), instead of make's "*** [Makefile:NN: check] Error 1".
 # Where SIGPIPE is ignored, `exit 1` still fails the usual way.
 check: setup
-	@$(BIN)/python -m dpcourse.course check $(if $(NB),--notebook '$(NB)') $(if $(ROOM),--room '$(ROOM)') || { kill -PIPE $$PPID; exit 1; }
+	@$(BIN)/python -m dpcourse.kit.course check $(if $(NB),--notebook '$(NB)') $(if $(ROOM),--room '$(ROOM)') || { kill -PIPE $$PPID; exit 1; }
 
 # The room's hub (room/jupyterhub_config.py) needs configurable-http-proxy, JupyterHub's proxy: from
 # npm, into build/room/ (Debian: apt-get install nodejs npm), exactly as room/proxy/package-lock.json
@@ -85,12 +85,12 @@ room-setup:
 # The room on this machine (as root): a local two-node Slurm, three test learners with fresh
 # passwords and the hub on http://127.0.0.1:8000, until Ctrl-C stops what it started.
 room-demo: setup data room-setup
-	$(BIN)/python -m dpcourse.hub demo
+	$(BIN)/python -m dpcourse.cluster.hub demo
 
 # A real two-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), one job of
 # slurm/multi_node.sbatch across both nodes, then a clean stop: how to try the templates on a laptop.
 slurm-demo: data
-	$(BIN)/python -m dpcourse.slurm demo$(if $(KEEP), --keep)
+	$(BIN)/python -m dpcourse.cluster.slurm demo$(if $(KEEP), --keep)
 
 # Horovod 0.28.1 from source, for the torch in .venv: gloo always, MPI where mpicxx is found
 # (Debian: apt-get install libopenmpi-dev), NCCL with HOROVOD_GPU_OPERATIONS=NCCL on GPU nodes.
@@ -102,7 +102,7 @@ horovod: setup
 # images/s (synthetic and from JPEG files), FSDP vs DDP memory, the clinic's no_set_device, the doctor:
 # one table, the figures in build/gpu-check.json. Without a GPU: one line, and a failure (see check:).
 gpu-check: setup
-	@$(BIN)/python -m dpcourse.gpucheck --json build/gpu-check.json || { kill -PIPE $$PPID; exit 1; }
+	@$(BIN)/python -m dpcourse.cluster.gpucheck --json build/gpu-check.json || { kill -PIPE $$PPID; exit 1; }
 
 clean:
 	rm -rf build .pytest_cache

@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 def say(*parts):
@@ -222,7 +222,7 @@ def ps_demo(args, env, log):
 # ---------------------------------------------------------------- set-up and main
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
+    env = world.prepare(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
@@ -237,7 +237,7 @@ def cleanup():
 def main(args):
     env = setup(args)
     if dist.get_world_size() < 2:  # DDP: send/recv and a server need a second rank
-        ddp_env.stop(env, "this lab needs at least 2 ranks: "
+        world.stop(env, "this lab needs at least 2 ranks: "
                      "torchrun --standalone --nproc-per-node 2 ...")
     # DDP: rank 0 logs
     log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)

@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 def all_reduce_by_parts(t):
@@ -156,7 +156,7 @@ def check(args, env, log):
 # ---------------------------------------------------------------- set-up and main
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
+    env = world.prepare(backend=args.backend, device="cpu" if args.backend == "gloo" else "auto")
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join

@@ -37,10 +37,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from dpcourse import checks, dist as ddp_env
-from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.metrics import JsonLog
-from dpcourse.models import FashionCNN
+from dpcourse.lab import checks, world
+from dpcourse.lab.data import InMemoryFashionMNIST
+from dpcourse.lab.metrics import JsonLog
+from dpcourse.lab.models import FashionCNN
 
 
 class HandMadeDDP(nn.Module):
@@ -161,7 +161,7 @@ def train(model, data, args, env, name):
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
     seconds = []
     # DDP: a bar on rank 0 only
-    for step in tqdm(range(args.steps), desc=name, disable=ddp_env.bar_off(rank)):
+    for step in tqdm(range(args.steps), desc=name, disable=world.bar_off(rank)):
         x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
         start = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
@@ -211,7 +211,7 @@ def compare_with_torch_ddp(args, env):
 # ---------------------------------------------------------------- --check
 def check(args, env):
     """Each class against one process on the whole global batch, on a model built to trip a
-    hand-made DDP (dpcourse.checks, the referee); True if all of them agree."""
+    hand-made DDP (dpcourse.lab.checks, the referee); True if all of them agree."""
     variants = [("NaiveDDP", NaiveDDP), ("OverlapDDP", OverlapDDP)] + [
         ("BucketDDP", partial(BucketDDP, bucket_cap_mb=mb)) for mb in (100, 0.0012, 0)]
     return checks.hand_made_ddp(variants, env, seed=args.seed)
@@ -220,7 +220,7 @@ def check(args, env):
 # ---------------------------------------------------------------- set-up and main
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join

@@ -31,16 +31,18 @@ import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import CourseError, dist as ddp_env, options, preemption, training
-from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.models import FashionCNN
-from dpcourse.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
+from dpcourse.lab import options, preemption, training, world
+from dpcourse.lab.data import InMemoryFashionMNIST
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.models import FashionCNN
+from dpcourse.lab.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
 
 
 def stop(message):
-    """End the run with one line from rank 0; the other ranks exit quietly (dpcourse.dist.stop)."""
+    """End the run with one line from rank 0; the other ranks exit quietly
+    (dpcourse.lab.world.stop)."""
     # Horovod: rank 0 says it
-    ddp_env.stop(ddp_env.DistEnv(rank=hvd.rank(), world_size=hvd.size()), message)
+    world.stop(world.DistEnv(rank=hvd.rank(), world_size=hvd.size()), message)
 
 
 def largest(tensor, name="largest"):
@@ -55,14 +57,14 @@ def setup(args):
         # (DDP: bucket_cap_mb); hvd.init() reads it once.
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     hvd.init()  # Horovod: rank and size from horovodrun (gloo) or MPI (mpirun, srun --mpi=pmix)
-    ddp_env.explain_errors()  # an unfinished exercise, a lost peer: one line, not one per rank
+    world.explain_errors()  # an unfinished exercise, a lost peer: one line, not one per rank
     # Horovod: this process's ranks and sizes, as Horovod found them
-    where = ddp_env.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
-                            ddp_env.env_info().launcher)
+    where = world.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
+                            world.env_info().launcher)
     # cuda:LOCAL_RANK when this process sees all of the node's GPUs, cuda:0 when srun bound it
     # one (--gpus-per-task=1); the backend is Horovod's: only the device counts
     try:
-        placed = ddp_env.placement("gloo", args.device, where)
+        placed = world.placement("gloo", args.device, where)
     except CourseError as err:
         stop(err.message)
     if placed.note and hvd.local_rank() == 0:  # Horovod: one note per node, from its first rank
@@ -70,7 +72,7 @@ def setup(args):
     if placed.device.type == "cuda":
         torch.cuda.set_device(placed.device)  # Horovod: one GPU per process
     # on GPUs: rank 0 lists each rank's GPU (gathered by Horovod); two ranks on one GPU stop here
-    ddp_env.gpu_roll_call(dataclasses.replace(where, device=placed.device),
+    world.gpu_roll_call(dataclasses.replace(where, device=placed.device),
                           gather=hvd.allgather_object)
     return placed.device
 
@@ -122,7 +124,7 @@ class Trainer:
         self.last_eval, self.test_images = {"test_accuracy": None, "test_loss": None}, None
         self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
                         unit="step", desc="train",
-                        disable=ddp_env.bar_off(self.rank))  # Horovod: a bar on rank 0 only
+                        disable=world.bar_off(self.rank))  # Horovod: a bar on rank 0 only
 
     def run_epoch(self, epoch):
         """One pass over this rank's shard; why training stops, or None to go on."""

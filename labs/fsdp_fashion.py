@@ -41,15 +41,15 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.metrics import JsonLog
-from dpcourse.models import FashionCNN
+from dpcourse.lab import world
+from dpcourse.lab.data import InMemoryFashionMNIST
+from dpcourse.lab.metrics import JsonLog
+from dpcourse.lab.models import FashionCNN
 
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
@@ -99,7 +99,7 @@ def compare(args, env):
         losses[strategy] = []
         start = time.perf_counter()
         # DDP: a bar on rank 0 only
-        for step in tqdm(range(args.steps), desc=strategy, disable=ddp_env.bar_off(rank)):
+        for step in tqdm(range(args.steps), desc=strategy, disable=world.bar_off(rank)):
             x, y = data[order[step * G:(step + 1) * G][rank::world_size]]  # DDP: this rank's shard
             loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()

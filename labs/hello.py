@@ -15,13 +15,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join

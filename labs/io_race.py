@@ -18,7 +18,7 @@ into its final name, chunk by chunk.
 (the traffic is multiplied by the number of ranks, and they write the same file at the same
 time); a rank that arrives a little later finds the file already *there* and reads it while it
 is still being written.
-``--mode rank0``: rank 0 runs it first while the others wait (``dpcourse.dist.rank0_first``);
+``--mode rank0``: rank 0 runs it first while the others wait (``dpcourse.lab.world.rank0_first``);
 then the others run it, find the finished file, and download nothing.
 
 Every rank then checks the SHA-256 of what it read against the official one. Rank 0 gathers
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import FILES, ensure_fashion_mnist
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.data import FILES, ensure_fashion_mnist
+from dpcourse.lab.metrics import JsonLog
 
 NAME = "t10k-images-idx3-ubyte"  # the file every rank wants
 SIZE, SHA256 = FILES[NAME]
@@ -44,7 +44,7 @@ CHUNK = 64 * 1024
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # files and flags: the CPU is enough
+    env = world.prepare(backend="gloo", device="cpu")  # files and flags: the CPU is enough
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
     return env
@@ -78,8 +78,8 @@ def fetch_rank0_first(source, dest, args):
     downloaded."""
     # YOUR CODE HERE
     # Hint: run fetch_if_missing(source, dest, args) on rank 0 first while the others
-    #       wait (dpcourse.dist has a context manager for it: ddp_env here), then on the
-    #       others
+    #       wait (dpcourse.lab.world has a context manager for it: world here), then on
+    #       the others
     raise NotImplementedError("Exercise: see the hint above")
     return downloaded
 

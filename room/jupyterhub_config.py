@@ -10,7 +10,8 @@ share). The job runs `jupyterhub-singleuser` from the course's .venv, or inside 
 container (apptainer exec), in the learner's own copy of the course (~/dpcourse, made at their
 first start). Servers idle for IDLE_TIMEOUT seconds are stopped, so a forgotten one does not hold
 the reservation. docs/instructor.md, "Deploying the hub", is the guide: the service user, its
-sudoers rule (python -m dpcourse.hub sudoers), the PAM service (room/pam/dpcourse-hub), HTTPS.
+sudoers rule (python -m dpcourse.cluster.hub sudoers), the PAM service (room/pam/dpcourse-hub),
+HTTPS.
 
 Set the room once, below (EDIT), or through the DPCOURSE_HUB_* variables of the same names (e.g. in
 /etc/dpcourse-hub.env, which room/dpcourse-hub.service reads: the checkout stays as it came).
@@ -66,7 +67,7 @@ if os.geteuid() == 0:
 elif EXTRA and ((st := os.stat(EXTRA)).st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
     sys.exit(f"dpcourse hub: {EXTRA} may be changed by others: not loaded")
 
-from dpcourse import hub, hubspawner  # noqa: E402 - after the check above
+from dpcourse.cluster import hub, hubspawner  # noqa: E402 - after the check above
 
 ROOM = hub.Settings.from_env(course=COURSE, **EDIT)
 if refusals := ROOM.refusals():
@@ -119,9 +120,9 @@ c.ConfigurableHTTPProxy.pid_file = str(ROOM.state / "jupyterhub-proxy.pid")
 c.JupyterHub.cleanup_servers = False  # restarting the hub leaves the learners' jobs running
 
 # What: each learner's server, a Slurm job submitted as the learner (sudo -u). The course's
-# spawner (dpcourse.hubspawner): batchspawner's SlurmSpawner, whose API call from the servers takes
-# a port and nothing else, which never forgets a job on a failed squeue, and which cancels what it
-# gives up on.
+# spawner (dpcourse.cluster.hubspawner): batchspawner's SlurmSpawner, whose API call from the
+# servers takes a port and nothing else, which never forgets a job on a failed squeue, and which
+# cancels what it gives up on.
 c.JupyterHub.spawner_class = hubspawner.RoomSpawner
 hubspawner.install_port_report()
 

@@ -83,8 +83,9 @@ def hub_trees(course: Path, state: str, proxy: str = "") -> list:
     python = Path(os.path.realpath(course / ".venv" / "bin" / "python"))
     stdlib = python.parent.parent / "lib" / python.name  # e.g. /usr/lib/python3.11
     venv = [sys.prefix] if sys.prefix != sys.base_prefix else []  # a .venv outside the course
-    # the proxy the hub will run (dpcourse.hub.Settings finds it the same way): make room-setup's,
-    # else the one on PATH; of a program, its package folder too (.../configurable-http-proxy)
+    # the proxy the hub will run (dpcourse.cluster.hub.Settings finds it the same way):
+    # make room-setup's, else the one on PATH; of a program, its package folder too
+    # (.../configurable-http-proxy)
     local = course / "build" / "room" / "node_modules"
     proxy = proxy or (str(local) if local.exists()
                       else shutil.which("configurable-http-proxy") or str(local))

@@ -79,7 +79,7 @@ export MASTER_ADDR MASTER_PORT
 # NCCL finds InfiniBand by itself, through verbs; NCCL_IB_HCA picks the adapters (mlx5_0,mlx5_1).
 # NCCL_SOCKET_IFNAME names the IP interface for NCCL's bootstrap and its socket transport, and
 # GLOO_SOCKET_IFNAME gloo's: set them when the automatic choice is wrong (ib0, eth0: ask your admins;
-# `python -m dpcourse.doctor` lists the node's interfaces). NCCL_DEBUG=WARN prints NCCL's warnings and
+# `python -m dpcourse.cluster.doctor` lists the node's interfaces). NCCL_DEBUG=WARN prints NCCL's warnings and
 # errors; for a diagnosis, INFO with NCCL_DEBUG_SUBSYS=INIT,NET says which network each rank chose
 # (NET/IB or NET/Socket) and over which interface. https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html,
 # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/setup.html (bootstrap),
@@ -242,7 +242,7 @@ delete_local_data_at_end() {
 stage_data() {
     delete_local_data_at_end
     srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-        "${PY[@]}" -m dpcourse.data fetch --from "$DATA" --data-root "$LOCAL_DATA"
+        "${PY[@]}" -m dpcourse.lab.data fetch --from "$DATA" --data-root "$LOCAL_DATA"
 }
 
 # A training job's first line. jupyter.sbatch trains nothing: it sets TRAINS=0 before sourcing this file.

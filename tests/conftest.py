@@ -14,8 +14,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("DPCOURSE_DATA", str(ROOT / "data"))
 # The processes the tests start (plain ones, srun's, mpirun's, notebook kernels) keep freed memory
-# for the next step, as the course's own launches do (dpcourse.launch.CPU_MALLOC says why).
-from dpcourse.launch import CPU_MALLOC  # noqa: E402 - it imports torch: after OMP_NUM_THREADS is set
+# for the next step, as the course's own launches do (dpcourse.explore.launch.CPU_MALLOC says why).
+from dpcourse.explore.launch import CPU_MALLOC  # noqa: E402 - it imports torch: after OMP_NUM_THREADS is set
 
 os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
 
@@ -38,7 +38,7 @@ def root() -> Path:
 @pytest.fixture(scope="session")
 def fashion_root() -> Path:
     """The checkout's staged, verified FashionMNIST (staged here if `make course` has not yet)."""
-    from dpcourse.data import ensure_fashion_mnist
+    from dpcourse.lab.data import ensure_fashion_mnist
 
     ensure_fashion_mnist(ROOT / "data")
     return ROOT / "data"
@@ -116,11 +116,11 @@ def ranks_part(output: str) -> str:
 
 
 def torchrun_cmd(nproc, script, *args):
-    """torchrun as dpcourse.launch starts it (dpcourse/torchrun.py: torch's torchrun, without the
-    agent's teardown); test_fashion_ddp's restart test runs `python -m torch.distributed.run`
-    itself."""
-    return [sys.executable, "-m", "dpcourse.torchrun", "--standalone", f"--nproc-per-node={nproc}",
-            str(script), *map(str, args)]
+    """torchrun as dpcourse.explore.launch starts it (dpcourse/lab/torchrun.py: torch's torchrun,
+    without the agent's teardown); test_fashion_ddp's restart test runs
+    `python -m torch.distributed.run` itself."""
+    return [sys.executable, "-m", "dpcourse.lab.torchrun", "--standalone",
+            f"--nproc-per-node={nproc}", str(script), *map(str, args)]
 
 
 def lab_cmd(nproc, script, *args):
@@ -133,12 +133,13 @@ def lab_cmd(nproc, script, *args):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A real two-node Slurm cluster (nodes n1, n2) on this machine; see dpcourse/localslurm.py.
+    """A real two-node Slurm cluster (nodes n1, n2) on this machine;
+    see dpcourse/cluster/localslurm.py.
 
     Skipped where it cannot run (not root, Slurm or munge not installed), except in CI
     (CI=true), which installs them: there a skip would hide a broken harness, so it fails.
     """
-    from dpcourse import localslurm as harness
+    from dpcourse.cluster import localslurm as harness
 
     if why := harness.unavailable():
         if os.environ.get("CI") == "true":

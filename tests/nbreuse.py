@@ -29,14 +29,14 @@ import pytest
 
 @lru_cache(maxsize=None)
 def _here(root: Path) -> dict:
-    from dpcourse.course import execution_key
+    from dpcourse.kit.course import execution_key
 
     return execution_key(root)
 
 
 @lru_cache(maxsize=None)
 def _recorded(root: Path) -> dict | None:
-    from dpcourse.course import EXECUTED
+    from dpcourse.kit.course import EXECUTED
 
     try:
         return json.loads((root / "build" / EXECUTED).read_text())
@@ -47,7 +47,7 @@ def _recorded(root: Path) -> dict | None:
 def why_not_reused(path: Path) -> str | None:
     """None when build/ holds an executed copy of ``path`` (solutions/NN.ipynb) made from these
     sources in this environment; otherwise the reason, in a few words."""
-    from dpcourse.course import notebook_inputs
+    from dpcourse.kit.course import notebook_inputs
 
     root = path.resolve().parents[1]
     if path.parent.name != "solutions" or not (root / "pyproject.toml").exists():

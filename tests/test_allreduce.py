@@ -1,6 +1,6 @@
-"""dpcourse.allreduce: six all-reduce algorithms over send/recv, their α-β-γ model (on one level and
-on two: the node hierarchy), the bench CLI, and the ring lab (solutions/labs/ring_allreduce.py), in
-real processes under torchrun and srun.
+"""dpcourse.lab.allreduce: six all-reduce algorithms over send/recv, their α-β-γ model (on one level
+and on two: the node hierarchy), the bench CLI, and the ring lab (solutions/labs/ring_allreduce.py),
+in real processes under torchrun and srun.
 """
 import json
 import math
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-import dpcourse.allreduce as ar
+import dpcourse.lab.allreduce as ar
 from conftest import ROOT, run, torchrun_cmd
-from dpcourse import widgets
-from dpcourse.course import STUB_RAISE, student_script
+from dpcourse.explore import widgets
+from dpcourse.kit.course import STUB_RAISE, student_script
 
-MODULE = ROOT / "src" / "dpcourse" / "allreduce.py"
+MODULE = ROOT / "src" / "dpcourse" / "lab" / "allreduce.py"
 LAB = ROOT / "solutions" / "labs" / "ring_allreduce.py"
 SUMMARY = re.compile(r"(\d+) ranks \((\d+) node\(s\) of (\d+)\): (\d+) of (\d+) cases agree "
                      r"with dist.all_reduce")

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from dpcourse.rendezvous import free_port
+from dpcourse.lab.rendezvous import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from conftest import ROOT
-from dpcourse.course import BEGIN, END
+from dpcourse.kit.course import BEGIN, END
 from wrong_answers_12 import BUGS
 
 BUG_LABS = ROOT / "solutions" / "labs" / "bugs"

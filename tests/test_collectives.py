@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import AT_ONCE_S, ROOT, run, torchrun_cmd
-from dpcourse.course import STUB_RAISE, student_script
+from dpcourse.kit.course import STUB_RAISE, student_script
 
 LABS = ROOT / "solutions" / "labs"
 TOUR, PATTERNS, COMPOSE = (LABS / "collectives_tour.py", LABS / "comm_patterns.py",

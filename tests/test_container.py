@@ -317,7 +317,7 @@ def test_runscript_starts_jupyterlab_and_names_the_port_it_took_to_its_owner_alo
     server listens on (read from its runtime file), never one the script picked and let go."""
     import socket
 
-    from dpcourse.rendezvous import free_port
+    from dpcourse.lab.rendezvous import free_port
 
     assert "socket.socket()" not in parts["runscript"] and ".bind(" not in parts["runscript"]
     out, connect, listens = _runscript(parts, tmp_path)

@@ -1,4 +1,5 @@
-"""dpcourse.data on the real FashionMNIST: staging, verification, the learner's error messages."""
+"""dpcourse.lab.data on the real FashionMNIST: staging, verification, the learner's error
+messages."""
 import gzip
 import shutil
 import sys
@@ -8,8 +9,7 @@ import pytest
 import torch
 
 from conftest import AT_ONCE_S, OFFLINE, ROOT, run, torchrun_cmd
-from dpcourse import CourseError
-from dpcourse.data import (
+from dpcourse.lab.data import (
     FILES,
     SYSTEM_DIR,
     InMemoryFashionMNIST,
@@ -17,6 +17,7 @@ from dpcourse.data import (
     load_fashion_mnist,
     torchvision_fashion_mnist,
 )
+from dpcourse.lab.errors import CourseError
 
 NO_SOURCES = {"DPCOURSE_SYSTEM_DATA": "/nonexistent/fashion-mnist", **OFFLINE}
 
@@ -62,7 +63,7 @@ def test_truncated_file_is_named_and_not_used(staged):
         load_fashion_mnist(staged)
     msg = str(err.value)
     assert str(path) in msg and "truncated" in msg and "1,000 bytes" in msg
-    assert "python -m dpcourse.data fetch" in msg and "rm " in msg
+    assert "python -m dpcourse.lab.data fetch" in msg and "rm " in msg
 
 
 def test_corrupt_file_of_the_right_size_is_named(staged):
@@ -81,7 +82,7 @@ def test_corrupt_system_gz_is_reported(tmp_path):
         shutil.copy(f"{SYSTEM_DIR}/{name}.gz", system)
     with gzip.open(system / "train-labels-idx1-ubyte.gz", "wb") as f:
         f.write(b"\x00\x00\x08\x01" + b"\x00" * 100)
-    result = run([sys.executable, "-m", "dpcourse.data", "fetch", "--data-root",
+    result = run([sys.executable, "-m", "dpcourse.lab.data", "fetch", "--data-root",
                   str(tmp_path / "d")], env={**OFFLINE, "DPCOURSE_SYSTEM_DATA": str(system)})
     assert result.returncode == 1
     assert "train-labels-idx1-ubyte.gz (unpacked) is truncated" in result.stdout
@@ -90,7 +91,7 @@ def test_corrupt_system_gz_is_reported(tmp_path):
 
 def test_no_data_anywhere_gives_one_clear_message_fast(tmp_path):
     start = time.perf_counter()
-    result = run([sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path)],
+    result = run([sys.executable, "-m", "dpcourse.lab.data", "fetch", "--data-root", str(tmp_path)],
                  env=NO_SOURCES, timeout=2 * AT_ONCE_S)
     elapsed = time.perf_counter() - start
     assert result.returncode == 1
@@ -98,7 +99,7 @@ def test_no_data_anywhere_gives_one_clear_message_fast(tmp_path):
     out = result.stdout
     assert "FashionMNIST is not here and could not be fetched" in out
     assert ("--data-root" in out and "apt-get install dataset-fashion-mnist" in out
-            and "dpcourse.data fetch" in out)
+            and "dpcourse.lab.data fetch" in out)
     assert "Traceback" not in out
 
 
@@ -196,7 +197,7 @@ def test_processes_without_a_group_share_one_staging(tmp_path):
     """Two independent `fetch` commands into one root at once: the file lock serialises them."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "dpcourse.data", "fetch", "--data-root", str(tmp_path)]
+    cmd = [sys.executable, "-m", "dpcourse.lab.data", "fetch", "--data-root", str(tmp_path)]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for _ in range(2)]
     outs = [(p.wait(timeout=120), p.stdout.read()) for p in procs]
@@ -229,18 +230,18 @@ def test_fetch_from_a_shared_copy_to_node_local_disk(tmp_path, staged):
     """`fetch --from SHARED --data-root LOCAL`: what a Slurm job does once per node. The shared
     copy is the only source (no Debian package, no network), and a damaged one is refused."""
     local = tmp_path / "node-local"
-    done = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged,
+    done = run([sys.executable, "-m", "dpcourse.lab.data", "fetch", "--from", staged,
                 "--data-root", local], env=NO_SOURCES)
     assert done.returncode == 0 and "ready and verified" in done.stdout, done.stdout
     assert sorted(p.name for p in (local / "FashionMNIST" / "raw").iterdir()) == sorted(FILES)
     labels = staged / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
     labels.write_bytes(labels.read_bytes()[:100])
-    bad = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", staged,
+    bad = run([sys.executable, "-m", "dpcourse.lab.data", "fetch", "--from", staged,
                "--data-root", tmp_path / "other"], env=NO_SOURCES)
     assert (bad.returncode == 1 and "truncated" in bad.stdout
             and f"--data-root {staged}" in bad.stdout), bad.stdout
     assert "Traceback" not in bad.stdout
-    nothing = run([sys.executable, "-m", "dpcourse.data", "fetch", "--from", tmp_path / "nowhere"],
-                  env=NO_SOURCES)
+    nothing = run([sys.executable, "-m", "dpcourse.lab.data", "fetch", "--from",
+                   tmp_path / "nowhere"], env=NO_SOURCES)
     assert (nothing.returncode != 0
             and "no FashionMNIST/raw/ there" in nothing.stdout), nothing.stdout

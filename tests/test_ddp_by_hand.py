@@ -12,14 +12,14 @@ import textwrap
 import pytest
 
 from conftest import ROOT, run, torchrun_cmd
-from dpcourse.course import STUB_RAISE, student_script
+from dpcourse.kit.course import STUB_RAISE, student_script
 
 SOLUTION = ROOT / "solutions" / "labs" / "ddp_by_hand.py"
 STUDENT = ROOT / "labs" / "ddp_by_hand.py"
 VARIANTS = ["NaiveDDP", "OverlapDDP", "BucketDDP (1 bucket)", "BucketDDP (4 buckets)",
             "BucketDDP (9 buckets, 1 parameter each)"]
 # "<variant>: ok (max |Δ| 3e-08)", "<variant>: WRONG — why" or "<variant>: not done yet — ...";
-# rank 0's lines, tagged "[rank0]:" when launched through dpcourse.launch.
+# rank 0's lines, tagged "[rank0]:" when launched through dpcourse.explore.launch.
 VERDICT = re.compile(r"^(?:\[rank0\]:)?(.+?): (ok \(max \|Δ\| \S+\)|WRONG — .*|not done yet — .*)$",
                      re.M)
 # The code between a region's markers: exercise A in NaiveDDP, exercise B in BucketDDP.

@@ -75,15 +75,15 @@ def path_words(text: str) -> list[str]:
 
 def test_every_library_module_is_named_on_the_page():
     library = ROOT / "src" / "dpcourse"
-    modules = [f"src/dpcourse/{p.name}" for p in sorted(library.glob("*.py"))
-               if p.name != "__init__.py"]
+    modules = [f"src/dpcourse/{p.relative_to(library).as_posix()}"
+               for p in sorted(library.rglob("*.py")) if p.name != "__init__.py"]
     modules += [f"src/dpcourse/{p.name}/" for p in sorted(library.iterdir())
-                if p.is_dir() and (p / "__init__.py").exists()]  # subpackages, if any
+                if p.is_dir() and (p / "__init__.py").exists()]  # the layers
     assert len(modules) > 10, modules
     named = {word for span in inline_code(page()) for word in span.split()}
     missing = [m for m in modules if m not in named]
     assert not missing, \
-        f"docs/design.md §2 does not name these modules (as `src/dpcourse/x.py`): {missing}"
+        f"docs/design.md §2 does not name these modules (as `src/dpcourse/layer/x.py`): {missing}"
 
 
 def test_every_path_the_page_names_exists():

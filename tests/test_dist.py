@@ -1,4 +1,4 @@
-"""dpcourse.dist: launcher variables, backend choice, and real multi-process runs."""
+"""dpcourse.lab.world: launcher variables, backend choice, and real multi-process runs."""
 import json
 import os
 import re
@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from conftest import AT_ONCE_S, ROOT, ranks_part, run, torchrun_cmd
-from dpcourse import CourseError, dist as dpcourse_dist
-from dpcourse.dist import (
+from dpcourse.lab import world
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.rendezvous import default_port, free_port
+from dpcourse.lab.whoami import _tasks_per_node
+from dpcourse.lab.world import (
     DistEnv,
     bound_one_each,
     choose_backend,
@@ -24,8 +27,6 @@ from dpcourse.dist import (
     place,
     why_no_gpu,
 )
-from dpcourse.rendezvous import default_port, free_port
-from dpcourse.whoami import _tasks_per_node
 
 HELLO = ROOT / "solutions" / "labs" / "hello.py"
 
@@ -181,19 +182,19 @@ def test_the_driver_version_comes_from_the_kernel_module_or_nvidia_smi(tmp_path,
     proc = tmp_path / "version"
     proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  2 2025\n"
                     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
-    assert dpcourse_dist._driver(str(proc)) == "580.159.04"
+    assert world._driver(str(proc)) == "580.159.04"
     proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.35.03  "
                     "Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri Aug 16 21:42:42 UTC 2024\n")
-    assert dpcourse_dist._driver(str(proc)) == "560.35.03"
+    assert world._driver(str(proc)) == "560.35.03"
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
     smi.write_text("#!/bin/sh\necho 535.104.05\necho 535.104.05\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
-    assert dpcourse_dist._driver(str(tmp_path / "absent")) == "535.104.05"
+    assert world._driver(str(tmp_path / "absent")) == "535.104.05"
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with "
                    "the driver'\nexit 9\n")
-    assert dpcourse_dist._driver(str(tmp_path / "absent")) == "?"
+    assert world._driver(str(tmp_path / "absent")) == "?"
 
 
 def _gpu_row(rank, node, local_rank, uuid):

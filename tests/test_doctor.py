@@ -1,5 +1,5 @@
-"""dpcourse.doctor: passes here, names each injected fault with its fix within seconds, and under
-torchrun and a real srun reports once, from rank 0, with a line per rank."""
+"""dpcourse.cluster.doctor: passes here, names each injected fault with its fix within seconds, and
+under torchrun and a real srun reports once, from rank 0, with a line per rank."""
 import re
 import shutil
 import socket
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import AT_ONCE_S, OFFLINE, ROOT, run, torchrun_cmd
-from dpcourse import doctor
-from dpcourse.localslurm import clean_env
+from dpcourse.cluster import doctor
+from dpcourse.cluster.localslurm import clean_env
 
-DOCTOR = [sys.executable, "-m", "dpcourse.doctor"]
+DOCTOR = [sys.executable, "-m", "dpcourse.cluster.doctor"]
 
 
 def diagnose(*args, env=None, timeout=2 * AT_ONCE_S, launcher=()):
@@ -60,7 +60,7 @@ def fashion_files(raw, truncated):
 FAULTS = {
     "no data, offline": (
         lambda tmp: ([], {"DPCOURSE_DATA": str(tmp), "DPCOURSE_SYSTEM_DATA": str(tmp), **OFFLINE}),
-        "data", ["is missing from", "make data", "dpcourse.data fetch"]),
+        "data", ["is missing from", "make data", "dpcourse.lab.data fetch"]),
     "truncated data": (
         lambda tmp: (["--data-root",
                       fashion_files(tmp / "FashionMNIST" / "raw", "t10k-labels-idx1-ubyte")],
@@ -120,8 +120,8 @@ def test_a_rank_that_never_comes_is_named_within_the_timeout():
 
 
 def test_the_watchdog_ends_a_hung_doctor_with_one_problem():
-    code = ("from dpcourse import doctor; import time; doctor.watchdog(1, 0, ['a step hangs']); "
-            "time.sleep(3600)")
+    code = ("from dpcourse.cluster import doctor; import time; "
+            "doctor.watchdog(1, 0, ['a step hangs']); time.sleep(3600)")
     done = run([sys.executable, "-c", code], timeout=2 * AT_ONCE_S)
     assert done.returncode == 1 and done.stdout.startswith(
         "problem doctor: no answer within 1 s while a step hangs")
@@ -134,13 +134,13 @@ def test_more_processes_than_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "H100")
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
-    two = doctor.ddp_env.DistEnv(1, 1, 2, 2, "torchrun")
+    two = doctor.world.DistEnv(1, 1, 2, 2, "torchrun")
     [(level, _, text)] = doctor.check_gpus(two, "nccl")
     assert level == "problem" and "Start at most 1 per node" in text
     assert doctor.check_gpus(two, "auto")[0][0] == "warning"
     [(level, _, text)], chosen = doctor.check_backends(two, "nccl")  # the GPUs line says it
     assert level == "ok" and text.startswith("compiled in: gloo yes, nccl yes") and chosen is None
-    one = doctor.ddp_env.DistEnv(0, 0, 1, 1, "torchrun")
+    one = doctor.world.DistEnv(0, 0, 1, 1, "torchrun")
     assert (doctor.check_gpus(one, "nccl")[0][0] == "ok"
             and doctor.check_backends(one, "auto")[1] == "nccl")
 
@@ -179,7 +179,8 @@ def assert_one_report(output: str, world: int, names: dict | None = None) -> Non
 
 
 def test_under_torchrun_rank0_reports_for_both(fashion_root):
-    done = run(torchrun_cmd(2, "-m", "dpcourse.doctor", "--data-root", fashion_root), timeout=60)
+    done = run(torchrun_cmd(2, "-m", "dpcourse.cluster.doctor", "--data-root", fashion_root),
+               timeout=60)
     assert done.returncode == 0, done.stdout
     assert_one_report(done.stdout, 2, {"RANK": str, "LOCAL_RANK": str, "WORLD_SIZE": lambda r: 2})
 
@@ -197,7 +198,7 @@ def test_under_mpirun_rank0_reports_for_both(fashion_root):
 
 @pytest.mark.slow
 def test_under_srun_on_one_node(slurm, fashion_root):
-    done = slurm.srun("-N1", "-n2", slurm.python, "-m", "dpcourse.doctor", "--data-root",
+    done = slurm.srun("-N1", "-n2", slurm.python, "-m", "dpcourse.cluster.doctor", "--data-root",
                       fashion_root)
     assert done.returncode == 0, done.stdout
     assert_one_report(done.stdout, 2, {"SLURM_PROCID": str, "SLURM_LOCALID": str,
@@ -206,7 +207,7 @@ def test_under_srun_on_one_node(slurm, fashion_root):
 
 @pytest.mark.slow
 def test_under_srun_on_two_nodes(slurm, fashion_root):
-    done = slurm.srun("-N2", "-n2", slurm.python, "-m", "dpcourse.doctor", "--data-root",
+    done = slurm.srun("-N2", "-n2", slurm.python, "-m", "dpcourse.cluster.doctor", "--data-root",
                       fashion_root, env={"MASTER_ADDR": "n1"})
     assert done.returncode == 0, done.stdout
     assert_one_report(done.stdout, 2, {"SLURM_PROCID": str, "SLURM_NODEID": str,
@@ -219,7 +220,7 @@ def test_under_srun_on_two_nodes(slurm, fashion_root):
 @pytest.mark.slow
 def test_under_srun_on_two_nodes_without_master_addr(slurm):
     start = time.perf_counter()
-    done = slurm.srun("-N2", "-n2", slurm.python, "-m", "dpcourse.doctor")
+    done = slurm.srun("-N2", "-n2", slurm.python, "-m", "dpcourse.cluster.doctor")
     assert done.returncode != 0 and time.perf_counter() - start < AT_ONCE_S, done.stdout
     assert ("scontrol show hostnames" in done.stdout
             and done.stdout.count("dpcourse doctor on ") == 1)

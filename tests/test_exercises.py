@@ -32,8 +32,8 @@ import pytest
 
 from answers import Lab
 from conftest import ROOT
-from dpcourse import CourseError
-from dpcourse.course import BEGIN, END
+from dpcourse.kit.course import BEGIN, END
+from dpcourse.lab.errors import CourseError
 
 matplotlib.use("Agg")
 
@@ -453,7 +453,7 @@ def test_check_rejects_wrong_answers(notebook, check, name, exercise, capsys):
                                key=None if isinstance(body, Lab) else notebook)
         assert isinstance(err, (AssertionError, CourseError)), \
             f"{name}: the check accepts a wrong answer ({what}): {err!r}"
-        # A lab run the launcher stopped at its timeout (dpcourse.launch) is not the check's
+        # A lab run the launcher stopped at its timeout (dpcourse.explore.launch) is not the check's
         # verdict: it would pass here whatever the check does (a slow machine, or a wrong answer
         # that hangs).
         assert "took longer than" not in str(err), \

@@ -3,7 +3,7 @@
 An explorer draws inside ``with out:`` (an ipywidgets ``Output``), and in a kernel ``Output`` shows
 an error raised there in its output area and swallows it: a notebook's explorer cell passed nbval
 and `make course` whatever its drawing raised. A learner moving a slider needs that output area (a
-slider's callback has no cell to fail); under test (pytest, nbval, dpcourse.course.execute) the
+slider's callback has no cell to fail); under test (pytest, nbval, dpcourse.kit.course.execute) the
 error is raised.
 
 No notebook runs here but one of a single cell: ``Output`` is given what it finds in a kernel
@@ -17,10 +17,10 @@ import pytest
 import torch
 from ipywidgets.widgets import widget_output
 
-from dpcourse import widgets
+from dpcourse.explore import widgets
 
 matplotlib.use("Agg")
-UNDER_TEST = "DPCOURSE_UNDER_TEST"  # what dpcourse.course.execute sets in its kernels
+UNDER_TEST = "DPCOURSE_UNDER_TEST"  # what dpcourse.kit.course.execute sets in its kernels
 
 
 def small_data():
@@ -78,17 +78,17 @@ def broken_drawing(monkeypatch):
 
 def run_as(who, monkeypatch):
     """The environment of the explorer's kernel: under nbval a kernel inherits pytest's
-    PYTEST_CURRENT_TEST; dpcourse.course.execute sets DPCOURSE_UNDER_TEST; in JupyterLab (a learner)
-    neither is set. (Called in the test itself: pytest sets PYTEST_CURRENT_TEST again as each phase
-    of a test begins.)"""
+    PYTEST_CURRENT_TEST; dpcourse.kit.course.execute sets DPCOURSE_UNDER_TEST; in JupyterLab (a
+    learner) neither is set. (Called in the test itself: pytest sets PYTEST_CURRENT_TEST again as
+    each phase of a test begins.)"""
     monkeypatch.delenv(UNDER_TEST, raising=False)
     if who != "pytest or nbval":
         monkeypatch.delenv("PYTEST_CURRENT_TEST")
-    if who == "dpcourse.course.execute":
+    if who == "dpcourse.kit.course.execute":
         monkeypatch.setenv(UNDER_TEST, "1")
 
 
-UNDER_TESTS = ["pytest or nbval", "dpcourse.course.execute"]
+UNDER_TESTS = ["pytest or nbval", "dpcourse.kit.course.execute"]
 
 
 @pytest.mark.parametrize("who", UNDER_TESTS)
@@ -123,13 +123,13 @@ def test_a_learner_sees_the_drawings_error_in_the_output_area(name, kernel, monk
 
 
 def test_a_notebook_whose_explorer_fails_fails_in_make_course(tmp_path):
-    """dpcourse.course.execute (make course, make check, and the build/ copies nbval compares) runs
-    its kernels under test: a drawing's error fails the cell."""
-    from dpcourse.course import execute
+    """dpcourse.kit.course.execute (make course, make check, and the build/ copies nbval compares)
+    runs its kernels under test: a drawing's error fails the cell."""
+    from dpcourse.kit.course import execute
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import matplotlib.pyplot as plt\n"
-        "from dpcourse import widgets\n"
+        "from dpcourse.explore import widgets\n"
         "def subplots(*args, **kwargs):\n"
         "    raise RuntimeError('the drawing failed')\n"
         "plt.subplots = subplots\n"

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from conftest import AT_ONCE_S, LAUNCHER_LOG, OFFLINE, ROOT, end_session, lab_cmd, run, torchrun_cmd
-from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.metrics import read_log
-from dpcourse.models import FashionCNN
-from dpcourse.rendezvous import free_port
+from dpcourse.lab.data import InMemoryFashionMNIST
+from dpcourse.lab.metrics import read_log
+from dpcourse.lab.models import FashionCNN
+from dpcourse.lab.rendezvous import free_port
 
 pytestmark = pytest.mark.slow
 LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
@@ -267,7 +267,7 @@ def test_bad_options_say_what_to_do(args, expected, fashion_root):
 def test_every_width_builds_a_model():
     """--width 6 once ended in a ValueError from GroupNorm on every rank (6 channels in 4 groups):
     the model takes 4 groups where 4 divides the channels, and fewer where it does not."""
-    from dpcourse.models import FashionCNN
+    from dpcourse.lab.models import FashionCNN
 
     for width in range(1, 9):
         model = FashionCNN(width=width)

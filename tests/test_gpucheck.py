@@ -27,7 +27,7 @@ def test_without_a_gpu_make_gpu_check_fails_at_once_with_one_line():
 
 def rehearse(tmp_path, *args):
     out = tmp_path / "gpu-check.json"
-    done = subprocess.run([sys.executable, "-m", "dpcourse.gpucheck", "--cpu-rehearsal",
+    done = subprocess.run([sys.executable, "-m", "dpcourse.cluster.gpucheck", "--cpu-rehearsal",
                            "--json", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -66,8 +66,8 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
     """The GPU path cannot run here: its launches are recorded instead, and answered with logs
     shaped like a 4-GPU node's. Every option it passes must be one its lab declares, and each row
     must read the right record (images/s: the last window, not the warm-up's)."""
-    from dpcourse import gpucheck
-    from dpcourse.launch import Run
+    from dpcourse.cluster import gpucheck
+    from dpcourse.explore.launch import Run
 
     def ranks(devices):
         return [{"rank": r, "device": f"cuda:{r}", "loaded_on": [d], "mib_per_gpu": [64, 0, 0, 0]}
@@ -107,9 +107,9 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
             and "90.50%" in rows["fashion"].summary)
     assert "cuda:0" in rows["clinic"].summary
     for name, args in calls:
-        path = (ROOT / "src" / "dpcourse" / "gpucheck.py" if name == "gpucheck"
+        path = (ROOT / "src" / "dpcourse" / "cluster" / "gpucheck.py" if name == "gpucheck"
                 else ROOT / "solutions" / "labs" / f"{name}.py")
-        # the lab's own parser, with the option groups of dpcourse.options
+        # the lab's own parser, with the option groups of dpcourse.lab.options
         if "def parse_args" in path.read_text():
             known = {o for action in lab_parser(path)._actions for o in action.option_strings}
         else:  # gpucheck's worker and the clinic's bugs: their options, as written
@@ -121,8 +121,8 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
 
 
 def test_a_failed_lab_run_is_a_failed_row_and_the_others_still_run(monkeypatch):
-    from dpcourse import gpucheck
-    from dpcourse.launch import Run
+    from dpcourse.cluster import gpucheck
+    from dpcourse.explore.launch import Run
 
     monkeypatch.setattr(gpucheck.Checker, "launch", lambda self, name, *a, **k: Run(
         ["torchrun"], 1, ["[rank1]: RuntimeError: CUDA out of memory"], []))

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from conftest import AT_ONCE_S, ROOT, run, torchrun_cmd
-from dpcourse import localslurm
-from dpcourse.metrics import read_log
+from dpcourse.cluster import localslurm
+from dpcourse.lab.metrics import read_log
 
 LAB = ROOT / "solutions" / "labs" / "fashion_horovod.py"
 DDP_LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
-# horovodrun as notebook 11 starts it (dpcourse.launch.horovodrun): horovodrun less its ~2.5 s
-# start-up probe, told the build in DPCOURSE_HOROVOD_BUILT (the horovod fixture). The tests of a
-# learner's mistakes and of `make horovod` run the installed horovodrun itself.
-HOROVODRUN_NB = [sys.executable, "-m", "dpcourse.horovodrun"]
+# horovodrun as notebook 11 starts it (dpcourse.explore.launch.horovodrun): horovodrun less its
+# ~2.5 s start-up probe, told the build in DPCOURSE_HOROVOD_BUILT (the horovod fixture). The tests
+# of a learner's mistakes and of `make horovod` run the installed horovodrun itself.
+HOROVODRUN_NB = [sys.executable, "-m", "dpcourse.lab.horovodrun"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
 
 pytestmark = [pytest.mark.slow]
@@ -35,7 +35,7 @@ def horovod():
         if os.environ.get("CI") == "true":
             pytest.fail("CI builds Horovod (.ci/run: make horovod): it is missing", pytrace=False)
         pytest.skip("Horovod is not installed: make horovod")
-    from dpcourse.launch import _horovod_built
+    from dpcourse.explore.launch import _horovod_built
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DPCOURSE_HOROVOD_BUILT", _horovod_built())  # for HOROVODRUN_NB
@@ -169,16 +169,16 @@ def test_make_horovod_is_idempotent_and_checks_the_build():
     assert done.returncode == 0, done.stdout
     check = done.stdout[done.stdout.index("Available Frameworks"):]
     assert "[X] PyTorch" in check and "[X] Gloo" in check and "[X] MPI" in check, check
-    from dpcourse.launch import _horovod_built
+    from dpcourse.explore.launch import _horovod_built
     # what the notebooks' horovodrun is told instead of probing: the same
     assert _horovod_built() == "gloo,mpi"
 
 
 @needs_horovod
 def test_the_notebooks_horovodrun_takes_the_build_it_is_told_instead_of_probing():
-    """dpcourse.launch.horovodrun starts horovodrun less its start-up probe
-    (src/dpcourse/horovodrun.py): told that this Horovod has no Gloo, it refuses --gloo at once, as
-    horovodrun does where Gloo is missing; told nothing, it is horovodrun, probe and all."""
+    """dpcourse.explore.launch.horovodrun starts horovodrun less its start-up probe
+    (src/dpcourse/lab/horovodrun.py): told that this Horovod has no Gloo, it refuses --gloo at once,
+    as horovodrun does where Gloo is missing; told nothing, it is horovodrun, probe and all."""
     cmd = [*HOROVODRUN_NB, "--gloo", "-np", "2", "true"]
     told = run(cmd, env={"DPCOURSE_HOROVOD_BUILT": "mpi"}, timeout=60)
     assert told.returncode == 1 and "Gloo support has not been built" in told.stdout, told.stdout
@@ -190,7 +190,7 @@ def test_the_notebooks_horovodrun_takes_the_build_it_is_told_instead_of_probing(
 def test_notebook_11_without_horovod_shows_the_committed_run(tmp_path, monkeypatch):
     """Where Horovod is not installed, notebook 11 runs to its end: it says how to get Horovod,
     draws the committed logs, and its check says it did not run (make check: not checked)."""
-    from dpcourse.course import check_results, execute
+    from dpcourse.kit.course import check_results, execute
 
     (tmp_path / "horovod").mkdir()
     (tmp_path / "horovod" / "__init__.py").write_text(

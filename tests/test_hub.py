@@ -1,4 +1,5 @@
-"""The room's hub, end to end on the local two-node Slurm (room/jupyterhub_config.py, dpcourse.hub).
+"""The room's hub, end to end on the local two-node Slurm (room/jupyterhub_config.py,
+dpcourse.cluster.hub).
 
 Two test learners (local accounts with passwords, made and removed here) log in through PAM. The
 first, in headless Chromium, starts a server from the spawn form: a Slurm job running as that
@@ -28,8 +29,8 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from dpcourse import hub
-from dpcourse.rendezvous import free_port
+from dpcourse.cluster import hub
+from dpcourse.lab.rendezvous import free_port
 from test_browser import CHROMIUM, _stop, node  # noqa: F401 - node: the fixture, playwright-core
 
 pytestmark = pytest.mark.slow
@@ -221,8 +222,8 @@ def test_room_demo_starts_a_room_and_stops_only_what_it_started(proxy, slurm):
         _missing("make room-demo runs as root, with setfacl (apt-get install acl)")
     before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
     port = free_port()
-    demo = subprocess.Popen([sys.executable, "-m", "dpcourse.hub", "demo", "--learners", "2",
-                             f"--port={port}"], cwd=ROOT, stdout=subprocess.PIPE,
+    demo = subprocess.Popen([sys.executable, "-m", "dpcourse.cluster.hub", "demo", "--learners",
+                             "2", f"--port={port}"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out, accounts = [], {}
     try:
@@ -282,7 +283,7 @@ def test_a_server_s_token_reports_a_port_and_nothing_else(room, slurm):
     post the spawner's commands, an address and bad ports to /hub/api/batchspawner. Each is
     refused (400, a log line naming the learner), none runs, and the real report that follows
     still starts the server."""
-    from dpcourse import localslurm
+    from dpcourse.cluster import localslurm
 
     learner = next(iter(room.passwords))
     # what each smuggled command would create: in /tmp, which the hub's user (or root) may write

@@ -1,5 +1,5 @@
 """The room's hub without a hub: its settings, its spawn form's checks, the learner's job script and
-the learner's copy of the course (dpcourse.hub). tests/test_hub.py runs the real thing."""
+the learner's copy of the course (dpcourse.cluster.hub). tests/test_hub.py runs the real thing."""
 import os
 import runpy
 import shutil
@@ -11,7 +11,7 @@ import jinja2
 import pytest
 
 from conftest import ROOT
-from dpcourse import hub
+from dpcourse.cluster import hub
 
 
 @pytest.fixture
@@ -77,7 +77,8 @@ def test_the_learner_s_job_script_passes_shellcheck(room, tmp_path):
         assert f"#SBATCH --job-name={hub.JOB_NAME}" in script
         if container:  # the course (what the learner's copy is made from) bound at its own path
             run = f"apptainer exec --nv --bind {ROOT.resolve()} {container} "
-            assert f"{run}python -m dpcourse.hub prepare --course {ROOT.resolve()}" in script
+            assert (f"{run}python -m dpcourse.cluster.hub prepare --course {ROOT.resolve()}"
+                    in script)
             assert f"{run}batchspawner-singleuser jupyterhub-singleuser" in script
         assert "#SBATCH --mem=16G" in script and "#SBATCH --no-requeue" in script
         path = tmp_path / "job.sh"
@@ -96,7 +97,7 @@ def test_the_learner_s_copy_is_made_once_and_kept(tmp_path, monkeypatch):
     if (ROOT / ".venv" / ".installed-stamp").exists():  # make check there never installs
         plan = subprocess.run(["make", "-n", "check"], cwd=dest, capture_output=True, text=True,
                               timeout=60).stdout
-        assert "pip install" not in plan and "dpcourse.course check" in plan, plan
+        assert "pip install" not in plan and "dpcourse.kit.course check" in plan, plan
     (dest / "notebooks" / "00_setup.ipynb").write_text("my work")
     hub.prepare(ROOT, dest)
     assert (dest / "notebooks" / "00_setup.ipynb").read_text() == "my work"
@@ -117,7 +118,7 @@ def test_in_the_container_the_copy_uses_the_image_s_environment(tmp_path, monkey
     assert (dest / ".venv").resolve() == image_venv
     plan = subprocess.run(["make", "-n", "check"], cwd=dest, capture_output=True, text=True,
                           timeout=60).stdout
-    assert "pip install" not in plan and "dpcourse.course check" in plan, plan
+    assert "pip install" not in plan and "dpcourse.kit.course check" in plan, plan
 
 
 def test_a_start_through_the_api_gets_the_form_s_checks_and_nothing_else(room):

@@ -1,4 +1,5 @@
-"""The room's spawner keeps track of its jobs (dpcourse.hubspawner.RoomSpawner), on the local Slurm.
+"""The room's spawner keeps track of its jobs (dpcourse.cluster.hubspawner.RoomSpawner), on the
+local Slurm.
 
 A learner's job is never forgotten on a failed squeue (only "Invalid job id" means gone), and a
 server the hub gives up on leaves no job in the queue: cancelled by its id (scancel tried again
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dpcourse import hub
+from dpcourse.cluster import hub
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def stand_ins():
 
 
 def _spawner(name: str, tools: Path):
-    from dpcourse.hubspawner import RoomSpawner
+    from dpcourse.cluster.hubspawner import RoomSpawner
 
     which = {"squeue": str(tools / "squeue"), "scancel": str(tools / "scancel")}
     s = RoomSpawner(user=types.SimpleNamespace(name=name))

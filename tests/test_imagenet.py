@@ -1,4 +1,4 @@
-"""The ImageNet lab (solutions/labs/imagenet_ddp.py) and its data layer (dpcourse/images.py):
+"""The ImageNet lab (solutions/labs/imagenet_ddp.py) and its data layer (dpcourse/lab/images.py):
 a generated ImageFolder tree and its tar shards, node-local staging, 2 processes under torchrun
 and a two-node job of slurm/imagenet.sbatch on the real test Slurm, from folders and from shards,
 and a resumed run equal to an uninterrupted one."""
@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from conftest import ROOT, lab_cmd, ranks_part, run
-from dpcourse import CourseError, images, localslurm
-from dpcourse.metrics import read_log
+from dpcourse.cluster import localslurm
+from dpcourse.lab import images
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.metrics import read_log
 
 LAB = ROOT / "solutions" / "labs" / "imagenet_ddp.py"
 # resnet18 on 48-px crops of the generated 64-px tree: 200 training and 100 validation images.
@@ -27,11 +29,11 @@ SMALL = ["--arch", "resnet18", "--image-size", "48", "--batch-size", "16", "--wo
 def tree(tmp_path_factory):
     """{'folders': root, 'shards': root}: the default tree of make-imagefolder, and its shards."""
     top = tmp_path_factory.mktemp("imagenet")
-    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-imagefolder",
+    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "make-imagefolder",
                 top / "folders"])
     assert made.returncode == 0 and "10 classes" in made.stdout, made.stdout
-    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "make-shards", top / "folders",
-                  top / "shards", "--shard-size", "50"])
+    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "make-shards",
+                  top / "folders", top / "shards", "--shard-size", "50"])
     assert packed.returncode == 0, packed.stdout
     return {"folders": top / "folders", "shards": top / "shards"}
 

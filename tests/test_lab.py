@@ -13,8 +13,8 @@ import pytest
 import tomllib
 
 from conftest import ROOT, run
-from dpcourse.data import _corrupt, _no_data_message
-from dpcourse.rendezvous import free_port
+from dpcourse.lab.data import _corrupt, _no_data_message
+from dpcourse.lab.rendezvous import free_port
 
 
 def test_jupyterlab_serves_the_student_notebook_without_nbgrader(tmp_path):
@@ -125,6 +125,6 @@ def test_data_messages_name_the_course_python():
     root = Path("/data")
     for message in (str(_corrupt(root / "FashionMNIST/raw/x", "x is truncated", root)),
                     _no_data_message(root, Path("/usr/share/datasets/fashion-mnist"), "offline")):
-        commands = re.findall(r"\S*python -m dpcourse\.data fetch", message)
-        assert commands and all(c == ".venv/bin/python -m dpcourse.data fetch"
+        commands = re.findall(r"\S*python -m dpcourse\.lab\.data fetch", message)
+        assert commands and all(c == ".venv/bin/python -m dpcourse.lab.data fetch"
                                 for c in commands), message

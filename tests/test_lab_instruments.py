@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import ROOT, run, torchrun_cmd
-from dpcourse.metrics import read_log
-from dpcourse.models import FashionCNN
-from dpcourse.optim import LARS
+from dpcourse.lab.metrics import read_log
+from dpcourse.lab.models import FashionCNN
+from dpcourse.lab.optim import LARS
 from test_fashion_ddp import LAB, lab
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def test_the_step_timer_wraps_the_collectives_only_while_a_step_is_open():
     with block; a disabled timer wraps nothing."""
     import torch.distributed as dist
 
-    from dpcourse.metrics import StepTimer
+    from dpcourse.lab.metrics import StepTimer
 
     own = {name: getattr(dist, name) for name in StepTimer.COUNTED}
 

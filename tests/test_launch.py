@@ -1,4 +1,5 @@
-"""dpcourse.launch: torchrun from a notebook cell, rank tags, logs, and stopping every rank."""
+"""dpcourse.explore.launch: torchrun from a notebook cell, rank tags, logs, and stopping every
+rank."""
 import re
 import tempfile
 import time
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from conftest import ROOT
-from dpcourse import CourseError
-from dpcourse.launch import _cause, lab, load_lab, python, run_ok, torchrun
+from dpcourse.explore.launch import _cause, lab, load_lab, python, run_ok, torchrun
+from dpcourse.lab.errors import CourseError
 
 
 def test_torchrun_tags_lines_and_returns_rank0_log(capsys, tmp_path, monkeypatch):
@@ -29,9 +30,9 @@ def test_the_agent_in_a_fork_of_this_process_runs_as_the_new_interpreter_does(mo
     """With torch imported here, the agent is a fork of this process; DPCOURSE_FORK_LAUNCHER=0
     starts a new interpreter. The same lines, log and exit status either way, for a run that passes
     and one that fails."""
-    import dpcourse.launch as launch
+    import dpcourse.explore.launch as launch
 
-    cmd = ["python", "-m", "dpcourse.torchrun"]
+    cmd = ["python", "-m", "dpcourse.lab.torchrun"]
     monkeypatch.delenv("DPCOURSE_FORK_LAUNCHER", raising=False)
     assert launch._can_fork(cmd) and "torch" in __import__("sys").modules
     runs = {}
@@ -159,12 +160,12 @@ def test_load_lab_imports_the_labs_file_as_saved_now_without_running_it(tmp_path
 
 
 def test_dpcourse_torchrun_is_torchrun_with_its_exit_status(tmp_path):
-    """dpcourse.torchrun runs torch's own torchrun and leaves with its status: 0, or 1 with
+    """dpcourse.lab.torchrun runs torch's own torchrun and leaves with its status: 0, or 1 with
     torchrun's report of the failed rank, which failure_summary reads."""
     import subprocess
     import sys
 
-    from dpcourse.launch import failure_summary
+    from dpcourse.explore.launch import failure_summary
 
     # each rank leaves a file (two ranks' prints may interleave), then exits
     script = tmp_path / "exits.py"
@@ -174,7 +175,7 @@ def test_dpcourse_torchrun_is_torchrun_with_its_exit_status(tmp_path):
     for status in (0, 3):
         ran = tmp_path / f"ran-{status}"
         ran.mkdir()
-        done = subprocess.run([sys.executable, "-m", "dpcourse.torchrun", "--standalone",
+        done = subprocess.run([sys.executable, "-m", "dpcourse.lab.torchrun", "--standalone",
                                "--nproc-per-node=2", str(script), str(status), str(ran)],
                               capture_output=True, text=True, timeout=120)
         said = done.stdout + done.stderr
@@ -184,6 +185,6 @@ def test_dpcourse_torchrun_is_torchrun_with_its_exit_status(tmp_path):
         else:
             assert done.returncode == 1 and "ChildFailedError" in said, said
             # the traceback is torchrun's, as without the wrapper
-            assert "dpcourse/torchrun.py" not in said
+            assert "dpcourse/lab/torchrun.py" not in said
             assert failure_summary(said.splitlines(), done.returncode).startswith(
                 "torchrun: rank 1 failed first (exit code 3)")

@@ -1,7 +1,8 @@
-"""dpcourse.memory: the memory arithmetic of DDP and ZeRO, against the ZeRO paper's own numbers."""
+"""dpcourse.explore.memory: the memory arithmetic of DDP and ZeRO, against the ZeRO paper's own
+numbers."""
 import pytest
 
-from dpcourse import memory, widgets
+from dpcourse.explore import memory, widgets
 
 
 def test_the_zero_papers_figure_1():

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.course import run_course
+from dpcourse.kit.course import run_course
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def test_a_notebook_that_failed_in_make_course_is_executed(tmp_path):
 def test_the_environment_is_what_is_installed_not_what_sys_path_holds(tmp_path, monkeypatch):
     """Importing setuptools puts its vendored packages on sys.path (autocommand, jaraco.*): that
     made make test's environment differ from make course's once, and every notebook ran again."""
-    from dpcourse.course import environment
+    from dpcourse.kit.course import environment
 
     before = environment()
     (tmp_path / "vendored-1.0.dist-info").mkdir()

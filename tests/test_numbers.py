@@ -219,7 +219,7 @@ def allow(files: str, texts, why: str, evidence: tuple[str, str] | None = None) 
 TODO = "TODO issue 26: measured, typed by hand"
 SETTING = "a setting of the run, not a measurement"
 STUDY_08 = "results/08_large_batches/study.py"
-OPTIONS = "src/dpcourse/options.py"  # the training labs' shared options and their defaults
+OPTIONS = "src/dpcourse/lab/options.py"  # the training labs' shared options and their defaults
 
 ALLOWED = [
     # --- every notebook
@@ -233,15 +233,15 @@ ALLOWED = [
           "checked against results/08_large_batches/*.jsonl by "
           "test_the_readme_gives_the_08_study_time_its_logs_give"),
     allow("README.md", "(60 s at most", SETTING + ": the roll call's timeout",
-          ("src/dpcourse/dist.py", '"DPCOURSE_RDZV_TIMEOUT_S", 60')),
+          ("src/dpcourse/lab/world.py", '"DPCOURSE_RDZV_TIMEOUT_S", 60')),
     allow("README.md", "(256 MiB,", SETTING + ": what gpucheck all-reduces",
-          ("src/dpcourse/gpucheck.py", "256 MiB")),
+          ("src/dpcourse/cluster/gpucheck.py", "256 MiB")),
     allow("README.md", "time to 90 % test accuracy", SETTING + ": the target gpucheck times",
-          ("src/dpcourse/gpucheck.py", "target = 0.90")),
+          ("src/dpcourse/cluster/gpucheck.py", "target = 0.90")),
 
     # --- notebooks 07, 08, 11: settings, definitions, arithmetic
     allow("solutions/0[78]_*.ipynb", "82 KB", "the course CNN's gradient, 20,538 float32 = 82,152 "
-          "bytes: a fact of dpcourse.models.FashionCNN, counted in every log of the lab",
+          "bytes: a fact of dpcourse.lab.models.FashionCNN, counted in every log of the lab",
           ("results/08_large_batches/batch-128.jsonl", '"comm_bytes": 82152')),
     allow("solutions/07_*.ipynb", "1 MiB",
           "torch's default first bucket (_DEFAULT_FIRST_BUCKET_BYTES): a definition"),

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dpcourse.rendezvous import free_port
+from dpcourse.lab.rendezvous import free_port
 
 APP = ROOT / "room" / "ondemand" / "dpcourse_jupyter"
 FORM = {"shared_course": str(ROOT), "course_dir": str(ROOT), "environment": "venv",

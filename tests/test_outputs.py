@@ -132,7 +132,7 @@ def test_compared_cells_are_found_as_nbval_finds_them():
 def test_compared_outputs_do_not_depend_on_the_cpu_dispatch_or_the_thread_count(name, monkeypatch):
     from nbval.plugin import get_sanitize_patterns
 
-    from dpcourse.course import execute
+    from dpcourse.kit.course import execute
 
     reference = reference_settings()
     threads = 1 if reference["threads"] != 1 else 2

@@ -1,6 +1,6 @@
 """The instructor's live view of a room (issues 28 and 42): make check ROOM=DIR leaves one record
-per exercise, `python -m dpcourse.course room DIR` shows the room. A room of simulated learners, a
-damaged and a half-written record among theirs, a room that cannot be written, and make check's
+per exercise, `python -m dpcourse.kit.course room DIR` shows the room. A room of simulated learners,
+a damaged and a half-written record among theirs, a room that cannot be written, and make check's
 own writing; then, as root, real local accounts in a room made by the set-up, and what a learner
 can leave in a room to stop, flood, fool or hijack the instructor's view or another learner's
 check."""
@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from dpcourse import hub, room
+from dpcourse.cluster import hub, room
 
 MESSAGE = ("AssertionError: the evaluation counted 5000 test images, not 10,000: "
            "sum the totals over all ranks")
@@ -89,13 +89,13 @@ def test_a_room_that_cannot_be_written_gives_one_warning_and_never_raises(tmp_pa
 
 def test_the_room_command_prints_the_view_and_writes_the_page(classroom, tmp_path):
     page = tmp_path / "room.html"
-    done = subprocess.run([sys.executable, "-m", "dpcourse.course", "room", str(classroom),
+    done = subprocess.run([sys.executable, "-m", "dpcourse.kit.course", "room", str(classroom),
                            "--html", str(page)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert ("5 pass" in done.stdout and "Most common failures:" in done.stdout
             and page.read_text().startswith("<!doctype"))
-    missing = subprocess.run([sys.executable, "-m", "dpcourse.course", "room",
+    missing = subprocess.run([sys.executable, "-m", "dpcourse.kit.course", "room",
                               str(tmp_path / "none")],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "--setup --group GROUP" in missing.stderr
@@ -122,7 +122,7 @@ def test_make_checks_verdicts_reach_the_room_and_an_unwritable_room_does_not_fai
     _tiny_notebook(folder)
     where = tmp_path / "room"
     where.mkdir()
-    cmd = [sys.executable, "-m", "dpcourse.course", "check", str(folder)]
+    cmd = [sys.executable, "-m", "dpcourse.kit.course", "check", str(folder)]
     done = subprocess.run(cmd + ["--room", str(where)], cwd=ROOT, capture_output=True, text=True,
                           timeout=180)
     assert "1 of 2 exercises pass" in done.stdout, done.stdout + done.stderr
@@ -141,9 +141,9 @@ def test_make_checks_verdicts_reach_the_room_and_an_unwritable_room_does_not_fai
 
 
 def test_a_record_written_under_a_private_umask_is_still_readable_by_the_instructor(tmp_path):
-    """A learner's server job runs with umask 077 (dpcourse.hub): the record must still be readable
-    by the readers of the room (the set-up's group), other users: 0640 for the file record() makes,
-    0750 for a folder it makes (the set-up's own folders are 2750)."""
+    """A learner's server job runs with umask 077 (dpcourse.cluster.hub): the record must still be
+    readable by the readers of the room (the set-up's group), other users: 0640 for the file
+    record() makes, 0750 for a folder it makes (the set-up's own folders are 2750)."""
     old = os.umask(0o077)
     try:
         assert room.record(tmp_path, "05_one_process_to_ddp", "1", "pass", learner="ana") is None
@@ -199,7 +199,7 @@ def _unsafe(shown: str) -> list[str]:
 @pytest.fixture(scope="module")
 def learners():
     """Three local accounts, called ada, bob and eve here (random names), each with a home of mode
-    0700, all in one group, each allowed through to the course's Python (dpcourse.hub's
+    0700, all in one group, each allowed through to the course's Python (dpcourse.cluster.hub's
     lend_access). Afterwards: accounts, homes, group and ACLs gone or as they were."""
     import pwd
     from contextlib import ExitStack
@@ -235,11 +235,11 @@ def shared():
 
 
 def _as(learners, user: str, code: str, *args, umask: int = 0o022, groups=()):
-    """Run ``code`` as ``user`` (only their own groups, and ``groups``), with dpcourse.room
+    """Run ``code`` as ``user`` (only their own groups, and ``groups``), with dpcourse.cluster.room
     imported as ``room`` and sys.argv[1:] = ``args``; a hang fails, never waits."""
     pw = learners.pw[user]
     prelude = (f"import os, sys; os.umask({umask:#o}); sys.path.insert(0, {str(SRC)!r}); "
-               "from dpcourse import room\n")
+               "from dpcourse.cluster import room\n")
     return subprocess.run([sys.executable, "-I", "-c", prelude + code, *map(str, args)],
                           user=pw.pw_uid, group=pw.pw_gid, extra_groups=list(groups),
                           env={"PATH": "/usr/bin:/bin", "HOME": pw.pw_dir, "LANG": "C.UTF-8"},
@@ -249,8 +249,8 @@ def _as(learners, user: str, code: str, *args, umask: int = 0o022, groups=()):
 def _view(where: Path, page: Path) -> str:
     """The view as the instructor runs it (root), in a process of its own: a view that hangs or
     reads without end fails the test at the timeout instead of stopping the suite."""
-    done = subprocess.run([sys.executable, "-m", "dpcourse.room", str(where), "--html", str(page)],
-                          cwd=ROOT, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "dpcourse.cluster.room", str(where), "--html",
+                           str(page)], cwd=ROOT, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return done.stdout.decode("utf-8")  # strict: the view prints valid UTF-8, whatever it read
 
@@ -264,7 +264,7 @@ def test_the_set_up_gives_each_learner_a_folder_that_only_they_write_and_only_ro
         learners, shared):
     ada, bob, eve, pw = learners.ada, learners.bob, learners.eve, learners.pw
     where = shared / "room"
-    made = subprocess.run([sys.executable, "-m", "dpcourse.room", str(where), "--setup",
+    made = subprocess.run([sys.executable, "-m", "dpcourse.cluster.room", str(where), "--setup",
                            "--user", ada, "--user", bob],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
@@ -416,7 +416,7 @@ def test_a_record_opened_after_a_swap_is_still_never_followed_nor_waited_for(tmp
     (O_NOFOLLOW) and does not wait for a FIFO's writer (O_NONBLOCK)."""
     os.symlink("/dev/zero", tmp_path / "zero.json")
     os.mkfifo(tmp_path / "fifo.json")
-    code = ("import os, sys; from dpcourse import room\n"
+    code = ("import os, sys; from dpcourse.cluster import room\n"
             "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
             "for name in ('zero.json', 'fifo.json'):\n"
             "    try:\n        room._read_record(name, fd, 'ada', (os.geteuid(),))\n"

@@ -1,5 +1,5 @@
-"""dpcourse.scaling and dpcourse.plots: a real study (torchrun, FashionMNIST), its resume, its
-maths."""
+"""dpcourse.explore.scaling and dpcourse.explore.plots: a real study (torchrun, FashionMNIST), its
+resume, its maths."""
 import hashlib
 import json
 import os
@@ -12,16 +12,16 @@ import pytest
 matplotlib.use("Agg")
 
 from conftest import ROOT, run
-from dpcourse import plots, scaling
-from dpcourse.errors import CourseError
+from dpcourse.explore import plots, scaling
+from dpcourse.lab.errors import CourseError
 
 LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 NAMES = ["strong-k1", "strong-k2", "weak-k1", "weak-k2"]
 
 
 def study_cmd(out, *extra, data_root):
-    return [sys.executable, "-m", "dpcourse.scaling", "run", "--lab", LAB, "--workers", "1", "2",
-            "--mode", "strong", "weak", "--batch-size", "32", "--out", out, *extra,
+    return [sys.executable, "-m", "dpcourse.explore.scaling", "run", "--lab", LAB, "--workers",
+            "1", "2", "--mode", "strong", "weak", "--batch-size", "32", "--out", out, *extra,
             "--", "--max-steps", "20", "--no-eval", "--data-root", data_root]
 
 
@@ -59,11 +59,12 @@ def test_study_end_to_end(study, tmp_path):
     assert [r["global_batch"] for r in rows] == [64, 64, 32, 64]
     assert [r["batch_size"] for r in rows] == [64, 32, 32, 32]
 
-    text = run([sys.executable, "-m", "dpcourse.scaling", "table", out], timeout=60)
+    text = run([sys.executable, "-m", "dpcourse.explore.scaling", "table", out], timeout=60)
     assert (text.returncode == 0 and "efficiency" in text.stdout
             and "weak" in text.stdout), text.stdout
     png = tmp_path / "fig.png"
-    drawn = run([sys.executable, "-m", "dpcourse.scaling", "plot", out, "--save", png], timeout=60)
+    drawn = run([sys.executable, "-m", "dpcourse.explore.scaling", "plot", out, "--save", png],
+                timeout=60)
     assert drawn.returncode == 0, drawn.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "speedup" in drawn.stdout  # the table, printed too
@@ -278,8 +279,8 @@ def test_the_committed_study_is_what_its_command_made():
     import importlib.util
     import shlex
 
-    from dpcourse.metrics import read_log
-    from dpcourse.widgets import peak_lr
+    from dpcourse.explore.widgets import peak_lr
+    from dpcourse.lab.metrics import read_log
 
     here = ROOT / "results" / "08_large_batches"
     spec = importlib.util.spec_from_file_location("study08", here / "study.py")
@@ -319,7 +320,7 @@ def test_notebook_11s_committed_study_is_what_its_command_made():
     import shlex
     import statistics
 
-    from dpcourse.metrics import read_log
+    from dpcourse.lab.metrics import read_log
 
     here = ROOT / "results" / "11_horovod"
     spec = importlib.util.spec_from_file_location("study11", here / "study.py")

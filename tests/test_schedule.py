@@ -1,4 +1,4 @@
-"""One learning-rate schedule (dpcourse.optim.warmup_then_decay) for every lab and notebook 08's
+"""One learning-rate schedule (dpcourse.lab.optim.warmup_then_decay) for every lab and notebook 08's
 explorer: its values, a warm-up as long as the run or longer, and that the labs use it rather than
 their own."""
 import math
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.optim import REFERENCE_BATCH, warmup_then_decay
+from dpcourse.lab.optim import REFERENCE_BATCH, warmup_then_decay
 
 LABS = ROOT / "solutions" / "labs"
 
@@ -39,7 +39,8 @@ def test_a_warm_up_as_long_as_the_run_or_longer_climbs_and_never_divides_by_zero
 def test_every_lab_takes_the_one_schedule_and_the_fashion_labs_one_reference_batch():
     for name in ("fashion_ddp.py", "fashion_horovod.py", "imagenet_ddp.py"):
         text = (LABS / name).read_text()
-        assert "warmup_then_decay(" in text, f"{name} does not use dpcourse.optim.warmup_then_decay"
+        assert "warmup_then_decay(" in text, \
+            f"{name} does not use dpcourse.lab.optim.warmup_then_decay"
         assert not re.search(r"LambdaLR\(\w+, lambda|ramp = lambda|/ \(total - warmup\)", text), \
             f"{name} has its own schedule"
     defined = [p.name for p in LABS.rglob("*.py")

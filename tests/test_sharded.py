@@ -17,8 +17,8 @@ def test_fsdp_matches_ddp_within_the_stated_tolerance_on_3_ranks(tmp_path, fashi
     reduce-scatter may add the three gradients in another order than DDP's all-reduce: the last
     bits differ, and the lab's losses must stay within 1e-5 (relative), its weights within 1e-4.
     At exit no rank has a gloo thread left: DTensor's caches held the destroyed group, and its live
-    threads let a rank abort at exit now and then (dpcourse.explain._release_destroyed_groups; the
-    report of the threads is a hook of its own, so it shows them with or without that fix)."""
+    threads let a rank abort at exit now and then (dpcourse.lab.explain._release_destroyed_groups;
+    the report of the threads is a hook of its own, so it shows them with or without that fix)."""
     log = tmp_path / "log.jsonl"
     result = run(torchrun_cmd(3, LABS / "fsdp_fashion.py", "--deterministic", "--steps", 12,
                               "--data-root", fashion_root, "--log-json", log), timeout=180,

@@ -9,13 +9,13 @@ import ast
 import pytest
 
 from conftest import ROOT
-from dpcourse import options
-from dpcourse.optim import REFERENCE_BATCH
+from dpcourse.lab import options
+from dpcourse.lab.optim import REFERENCE_BATCH
 
 LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
 # The skeleton, as solutions/labs/hello.py has it (docstrings and comments aside).
-SETUP = """env = ddp_env.prepare(backend=args.backend, device=args.device)
+SETUP = """env = world.prepare(backend=args.backend, device=args.device)
 if env.device.type == 'cuda':
     torch.cuda.set_device(env.device)
 dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, \
@@ -128,8 +128,8 @@ OTHER_CHOICES = {
 
 def lab_parser(path) -> argparse.ArgumentParser:
     """The lab's own parser: its parse_args() is taken from its text (ast) and run against
-    dpcourse.options, so that the Horovod lab needs no Horovod. The options dpcourse.options adds
-    count as the lab's."""
+    dpcourse.lab.options, so that the Horovod lab needs no Horovod. The options dpcourse.lab.options
+    adds count as the lab's."""
     tree = ast.parse(path.read_text())
     namespace = {"argparse": argparse, "__doc__": "a lab", **vars(options), "options": options,
                  "REFERENCE_BATCH": REFERENCE_BATCH}

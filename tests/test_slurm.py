@@ -1,5 +1,5 @@
-"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/localslurm.py): srun on one node and
-on two, sbatch; and the hierarchical all-reduce on two real nodes."""
+"""hello.py under a real Slurm (the `slurm` fixture, dpcourse/cluster/localslurm.py): srun on one
+node and on two, sbatch; and the hierarchical all-reduce on two real nodes."""
 import json
 import os
 import re
@@ -15,7 +15,7 @@ from conftest import AT_ONCE_S, without_torchrun_shutdown_race
 
 pytestmark = pytest.mark.slow
 HELLO = "solutions/labs/hello.py"
-ALLREDUCE = "src/dpcourse/allreduce.py"
+ALLREDUCE = "src/dpcourse/lab/allreduce.py"
 
 
 def assert_hello(output: str, world: int = 2) -> None:
@@ -98,7 +98,7 @@ def test_two_jobs_on_one_host_at_once_never_join_each_other(slurm):
     """Two single-node `srun -n2` jobs start together (on n1 and n2: one host); no MASTER_PORT."""
     import subprocess
 
-    from dpcourse.localslurm import ROOT, clean_env
+    from dpcourse.cluster.localslurm import ROOT, clean_env
     cmd = ["srun", "-N1", "-n2", slurm.python, HELLO]
     jobs = [subprocess.Popen(cmd, cwd=ROOT, env=clean_env(**slurm.env), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
@@ -134,7 +134,7 @@ def test_the_clusters_daemons_end_when_their_starter_is_killed():
     the daemons are started with _end_with_parent, as this stand-in daemon is."""
     starter = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time\n"
-         "from dpcourse.localslurm import _end_with_parent\n"
+         "from dpcourse.cluster.localslurm import _end_with_parent\n"
          "d = subprocess.Popen(['sleep', '300'], start_new_session=True, "
          "preexec_fn=_end_with_parent)\n"
          "print(d.pid, flush=True)\ntime.sleep(300)"], stdout=subprocess.PIPE, text=True)
@@ -151,7 +151,7 @@ def test_the_clusters_daemons_end_when_their_starter_is_killed():
 # ---------------------------------------------------------------- n1 and n2 in /etc/hosts
 def _names(hosts, users):
     """localslurm.node_names on a hosts file of the test's, with a resolver that reads that file."""
-    from dpcourse import localslurm
+    from dpcourse.cluster import localslurm
 
     def resolves():
         return any(line.split("#")[0].split()[:1] == ["127.0.0.1"]
@@ -164,7 +164,7 @@ def test_the_node_names_are_in_etc_hosts_only_while_a_cluster_runs(tmp_path):
     """What localslurm.start() does to /etc/hosts, on a copy: the line goes in with the first
     cluster and out with the last, whichever order they stop in, the file byte for byte as before
     (its last line had no newline); a cluster killed before it stopped holds nothing."""
-    from dpcourse.localslurm import HOSTS_LINE
+    from dpcourse.cluster.localslurm import HOSTS_LINE
 
     hosts, users = tmp_path / "hosts", tmp_path / "users"
     before = "127.0.0.1 localhost\n::1 localhost ip6-localhost"
@@ -211,7 +211,7 @@ def test_only_the_clusters_own_line_leaves_etc_hosts(tmp_path):
 def test_the_running_cluster_holds_the_node_names(slurm):
     """The session's cluster, started by localslurm.start(), counts among those that need n1 and n2
     (localslurm.node_names): its line stays in /etc/hosts until the cluster stops."""
-    from dpcourse import localslurm
+    from dpcourse.cluster import localslurm
 
     assert any(localslurm._alive(entry)
                for entry in localslurm.HOSTS_USERS.glob(f"{os.getpid()}-*")), \
@@ -237,7 +237,7 @@ def test_on_a_real_cluster_the_course_cancels_only_the_jobs_it_submitted(slurm, 
     """What notebook 09 does on a login node (localslurm.Existing): a client that times out cancels
     nothing and says how to look; a clean-up ends the jobs it submitted, never the learner's others
     (here, a job submitted outside it with plain sbatch: their JupyterLab job, say)."""
-    from dpcourse.localslurm import Existing, SlurmTimeout
+    from dpcourse.cluster.localslurm import Existing, SlurmTimeout
 
     sleeper = ["--parsable", "-n1", "--cpus-per-task=1", f"--output={tmp_path}/%j.out",
                "--wrap=sleep 300"]
@@ -271,7 +271,8 @@ def test_on_a_real_cluster_the_course_cancels_only_the_jobs_it_submitted(slurm, 
 ], ids=["gpus-per-node", "gpus-per-task", "gpu-bind"])
 def test_each_task_takes_the_gpu_slurm_bound_to_it(slurm, options, expected):
     """srun -N1 -n2 with each binding mode; each task's CUDA_VISIBLE_DEVICES comes from Slurm, and
-    tests/helpers/placement_probe.py prints the device and backend dpcourse.dist.placement picks."""
+    tests/helpers/placement_probe.py prints the device and backend dpcourse.lab.world.placement
+    picks."""
     done = slurm.srun("-N1", "-n2", "--cpus-per-task=1", *options, slurm.python,
                       "tests/helpers/placement_probe.py")
     assert done.returncode == 0, done.stdout
@@ -305,11 +306,11 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
     nodes, the shrunk multi_node.sbatch, squeue --me, the shrunk doctor. Ctrl-C then stops it and
     leaves nothing behind."""
     from conftest import ROOT, end_session
-    from dpcourse.localslurm import clean_env
+    from dpcourse.cluster.localslurm import clean_env
 
     said = tmp_path / "demo.out"
     with open(said, "w") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "dpcourse.slurm", "demo", "--keep"],
+        demo = subprocess.Popen([sys.executable, "-m", "dpcourse.cluster.slurm", "demo", "--keep"],
                                 cwd=ROOT, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
     jobs = []

@@ -1,6 +1,7 @@
 """The sbatch templates of slurm/: shellcheck-clean, dry runs that add up (and name what does not),
-and every template submitted to a real two-node Slurm (the `slurm` fixture, dpcourse/localslurm.py):
-across both nodes, failing fast when a rank dies, resuming after a requeue."""
+and every template submitted to a real two-node Slurm (the `slurm` fixture,
+dpcourse/cluster/localslurm.py): across both nodes, failing fast when a rank dies, resuming after a
+requeue."""
 import json
 import os
 import re
@@ -16,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from conftest import AT_ONCE_S, ROOT, run
-from dpcourse import CourseError, images, localslurm
-from dpcourse.data import ensure_fashion_mnist
-from dpcourse.metrics import read_log
-from dpcourse.slurm import Job, analyse, describe, directives, dry_run, job_from
+from dpcourse.cluster import localslurm
+from dpcourse.cluster.slurm import Job, analyse, describe, directives, dry_run, job_from
+from dpcourse.lab import images
+from dpcourse.lab.data import ensure_fashion_mnist
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.metrics import read_log
 
 SLURM_DIR = ROOT / "slurm"
 TEMPLATES = sorted(p.name for p in SLURM_DIR.glob("*.sbatch"))
@@ -146,7 +149,8 @@ def test_dry_run_names_what_does_not_add_up(what, tmp_path):
     wrong = changed if name != "env.sh" else tmp_path / "slurm" / "task_per_gpu.sbatch"
     result = dry_run(wrong, root=tmp_path)
     assert any(message in p for p in result.problems), result.report()
-    cli = run([ROOT / ".venv/bin/python", "-m", "dpcourse.slurm", "dry-run", wrong], cwd=tmp_path)
+    cli = run([ROOT / ".venv/bin/python", "-m", "dpcourse.cluster.slurm", "dry-run", wrong],
+              cwd=tmp_path)
     assert (cli.returncode == 1 and "✗" in cli.stdout
             and "Traceback" not in cli.stdout), cli.stdout
 
@@ -298,8 +302,8 @@ def test_a_node_local_folder_that_is_not_the_users_alone_is_refused(tmp_path, fa
     node = tmp_path / "node"
     node.mkdir()
     theirs = _another_users(node / "dpcourse-7")
-    done = run([ROOT / ".venv/bin/python", "-m", "dpcourse.data", "fetch", "--from", fashion_root,
-                "--data-root", theirs])
+    done = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "fetch", "--from",
+                fashion_root, "--data-root", theirs])
     assert (done.returncode == 1 and f"{theirs} is there already and is not yours alone (owned "
             "by nobody (uid 65534))" in done.stdout and "Traceback" not in done.stdout), done.stdout
     planted = theirs / "FashionMNIST" / "raw" / "train-images-idx3-ubyte"
@@ -470,7 +474,7 @@ def test_scaling_array_writes_a_study_the_plot_reads(slurm, tmp_path):
     job, seconds, _ = submit(slurm, "scaling_array.sbatch", tmp_path, *FIT, "--array=0-1",
                              args=["--max-steps", "15"], env={"STUDY": str(study), "MODES": "weak"})
     assert job.returncode == 0, job.log
-    table = run([".venv/bin/python", "-m", "dpcourse.scaling", "table", study])
+    table = run([".venv/bin/python", "-m", "dpcourse.explore.scaling", "table", study])
     assert table.returncode == 0, table.stdout
     rows = [line.split() for line in table.stdout.splitlines()
             if line.startswith(("strong", "weak"))]

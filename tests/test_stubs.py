@@ -1,5 +1,6 @@
 """An exercise not done yet is "not done yet", wherever a check meets its stub: one recognition of a
-stub (dpcourse.launch.not_done), used by run_ok, by the notebooks' checks and by `make check`.
+stub (dpcourse.explore.launch.not_done), used by run_ok, by the notebooks' checks and by
+`make check`.
 
 These run no process: tests/test_student.py runs `make check` on untouched learners' notebooks."""
 import re
@@ -8,9 +9,9 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from dpcourse import CourseError
-from dpcourse.course import check_results
-from dpcourse.launch import STUB, Run, not_done, run_ok
+from dpcourse.explore.launch import STUB, Run, not_done, run_ok
+from dpcourse.kit.course import check_results
+from dpcourse.lab.errors import CourseError
 
 # Each way a learner's lab (or job script) says that it stopped at one of its exercise stubs, as the
 # course's labs print it.
@@ -19,7 +20,7 @@ STOPPED_AT_A_STUB = {
     "a traceback": ['[rank0]:  File "labs/io_race.py", line 81, in fetch_rank0_first',
                     '[rank0]:    raise NotImplementedError("Exercise: see the hint above")',
                     "[rank0]:NotImplementedError: Exercise: see the hint above"],
-    # a rank in a process group: dpcourse.explain's excepthook, one line (the line notebook 06's
+    # a rank in a process group: dpcourse.lab.explain's excepthook, one line (the line notebook 06's
     # check missed)
     "the excepthook's line": ['[rank0]:File "labs/io_race.py", line 81, in fetch_rank0_first: '
                               "Exercise: see the hint above. This exercise of the lab is not done "
@@ -53,7 +54,7 @@ def test_not_done_takes_no_other_error_for_a_stub(what):
 
 
 def test_the_stub_recognised_is_the_one_make_student_writes():
-    from dpcourse.course import STUB_EXIT, STUB_RAISE, student_script
+    from dpcourse.kit.course import STUB_EXIT, STUB_RAISE, student_script
 
     assert STUB in STUB_RAISE and STUB in STUB_EXIT
     stubbed = student_script("def f():\n    ### BEGIN SOLUTION (hint: x)\n    return 1\n"
@@ -128,7 +129,7 @@ def test_no_notebook_recognises_a_stub_by_its_own_pattern():
            for number, cell in enumerate(nbformat.read(path, as_version=4).cells, 1)
            if cell.cell_type == "code"
            for line in cell.source.splitlines() if _OWN_PATTERN.search(line)]
-    assert not own, ("recognise a stub with dpcourse.launch.run_ok or not_done, not by its "
+    assert not own, ("recognise a stub with dpcourse.explore.launch.run_ok or not_done, not by its "
                      "text:\n" + "\n".join(own))
 
 

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.course import (
+from dpcourse.kit.course import (
     BEGIN,
     END,
     generate_student,
@@ -159,7 +159,7 @@ def test_every_generated_stub_line_fits_the_editor(generated):
 # each way a lab says that it stopped at a stub must read "not done yet" (notebook 06's exercise 2
 # once read "fails: ...").
 # 04: its check reads the log of labs/ring_allreduce.py, then run_ok; 06: its check runs
-# labs/io_race.py under torchrun (a rank in a process group says it through dpcourse.explain's
+# labs/io_race.py under torchrun (a rank in a process group says it through dpcourse.lab.explain's
 # excepthook); 09: its check dry-runs labs/first_job.sbatch (a job script's stub says it with
 # echo). About 20 s for the three, beside 01's 35 s.
 UNTOUCHED_WITH_LABS = ("04_allreduce_algorithms.ipynb", "06_data_sharding.ipynb",
@@ -228,7 +228,8 @@ def test_make_check_reports_each_exercise():
             nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
             checks[name] = up_to_a_lab_check(nb)
             nbformat.write(nb, folder / name)
-        result = run([sys.executable, "-m", "dpcourse.course", "check", str(folder)], timeout=300)
+        result = run([sys.executable, "-m", "dpcourse.kit.course", "check", str(folder)],
+                     timeout=300)
     out = result.stdout
     assert result.returncode == 1, out
     assert "✓ 01_minibatch_sgd.ipynb: exercise 1 — the SGD update step — pass" in out
@@ -260,7 +261,8 @@ def test_make_check_grades_with_the_courses_checks_not_the_learners_copy():
         nb.cells.remove(checks[1])
         nbformat.write(nb, path)
         before = path.read_text()
-        result = run([sys.executable, "-m", "dpcourse.course", "check", str(folder)], timeout=300)
+        result = run([sys.executable, "-m", "dpcourse.kit.course", "check", str(folder)],
+                     timeout=300)
         assert path.read_text() == before, "make check changed the learner's file"
     out = result.stdout
     assert result.returncode == 1, out
@@ -277,7 +279,7 @@ def test_course_checks_go_back_where_they_were():
     """with_course_checks: a deleted check goes back after the cell that precedes it in the course;
     an untagged copy of a check, found by its id, is the course's check again; other cells are
     the learner's."""
-    from dpcourse.course import with_course_checks
+    from dpcourse.kit.course import with_course_checks
 
     code = nbformat.v4.new_code_cell
     course = nbformat.v4.new_notebook(cells=[
@@ -335,7 +337,7 @@ def test_a_check_the_copy_lost_with_its_part_counts_as_not_passed(tmp_path):
     nb = nbformat.read(tmp_path / "notebooks" / "01_exercises.ipynb", as_version=4)
     nb.cells = nb.cells[:1]
     nbformat.write(nb, tmp_path / "notebooks" / "01_exercises.ipynb")
-    result = run([sys.executable, "-m", "dpcourse.course", "check", str(tmp_path / "notebooks"),
+    result = run([sys.executable, "-m", "dpcourse.kit.course", "check", str(tmp_path / "notebooks"),
                   "--notebook", "01"], timeout=120)
     out = result.stdout
     assert result.returncode == 1, out
@@ -389,7 +391,7 @@ def learner_notebooks(folder: Path) -> None:
 @pytest.mark.slow
 def test_check_tells_a_learners_error_from_an_unfinished_exercise(tmp_path):
     learner_notebooks(tmp_path)
-    result = run([sys.executable, "-m", "dpcourse.course", "check", str(tmp_path)], timeout=300)
+    result = run([sys.executable, "-m", "dpcourse.kit.course", "check", str(tmp_path)], timeout=300)
     out = result.stdout
     assert result.returncode == 1, out
     assert "Save the notebook first (Ctrl+S): make check runs the saved file." in out
@@ -414,7 +416,7 @@ def test_check_tells_a_learners_error_from_an_unfinished_exercise(tmp_path):
 
 def test_check_one_notebook_by_its_number(tmp_path):
     learner_notebooks(tmp_path)
-    check = [sys.executable, "-m", "dpcourse.course", "check", str(tmp_path), "--notebook"]
+    check = [sys.executable, "-m", "dpcourse.kit.course", "check", str(tmp_path), "--notebook"]
     result = run([*check, "00"], timeout=120)
     assert result.returncode == 0, result.stdout
     assert "00_intro.ipynb: no exercises" in result.stdout and "01_exercises" not in result.stdout
@@ -433,7 +435,7 @@ def test_check_by_number_leaves_out_a_learners_copies(tmp_path):
     shutil.copy(tmp_path / "notebooks" / "01_exercises.ipynb", tmp_path / "solutions")
     shutil.copy(tmp_path / "notebooks" / "00_intro.ipynb",
                 tmp_path / "notebooks" / "01_exercises-Copy1.ipynb")
-    check = [sys.executable, "-m", "dpcourse.course", "check", str(tmp_path / "notebooks"),
+    check = [sys.executable, "-m", "dpcourse.kit.course", "check", str(tmp_path / "notebooks"),
              "--notebook"]
     result = run([*check, "01"], timeout=120)
     assert "Not checked: 01_exercises-Copy1.ipynb" in result.stdout, result.stdout
@@ -474,15 +476,15 @@ def test_make_student_keeps_a_learners_edited_copy(tmp_path):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     work = clone / "notebooks" / "01_minibatch_sgd.ipynb"
     work.write_text(work.read_text().replace("# YOUR CODE HERE", "# my answer", 1))
-    refused = run([sys.executable, "-m", "dpcourse.course", "student"], cwd=clone)
+    refused = run([sys.executable, "-m", "dpcourse.kit.course", "student"], cwd=clone)
     assert refused.returncode == 1 and "notebooks/01_minibatch_sgd.ipynb" in refused.stdout
     assert "# my answer" in work.read_text()
-    forced = run([sys.executable, "-m", "dpcourse.course", "student", "--force"], cwd=clone)
+    forced = run([sys.executable, "-m", "dpcourse.kit.course", "student", "--force"], cwd=clone)
     assert forced.returncode == 0 and "# my answer" not in work.read_text()
 
 
 def test_make_course_writes_each_notebooks_time_for_the_instructor_guide(tmp_path, capsys):
-    from dpcourse.course import run_course
+    from dpcourse.kit.course import run_course
 
     (tmp_path / "nb").mkdir()
     for name, source in (("00_ok.ipynb", "print(1)"), ("01_fails.ipynb", "raise ValueError('no')")):

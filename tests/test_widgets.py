@@ -5,8 +5,14 @@ import math
 import pytest
 
 from conftest import ROOT, run, torchrun_cmd
-from dpcourse.data import MEAN, STD, load_fashion_mnist
-from dpcourse.widgets import lr_batch_explorer, lr_rules_explorer, lr_schedule, peak_lr, sgd_softmax
+from dpcourse.explore.widgets import (
+    lr_batch_explorer,
+    lr_rules_explorer,
+    lr_schedule,
+    peak_lr,
+    sgd_softmax,
+)
+from dpcourse.lab.data import MEAN, STD, load_fashion_mnist
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ SAYS = {
     "rank0_accuracy": "rank 0 reports 5,000 images, not 10,000",
     "padded_eval": "10,002 images tested, not 10,000",
     "unscaled_lr": "lr 0.016 for a global batch of 512; the linear rule gives 0.032",
-    # the hang, named by dpcourse.explain
+    # the hang, named by dpcourse.lab.explain
     "skipped_collective": "waited its whole timeout and no other rank joined it",
     "shape_mismatch": "doesn't match expected size",  # gloo's own words, from the rank that crashed
 }

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import FILES, ensure_fashion_mnist
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.data import FILES, ensure_fashion_mnist
+from dpcourse.lab.metrics import JsonLog
 
 NAME = "t10k-images-idx3-ubyte"
 SIZE, SHA256 = FILES[NAME]
@@ -28,7 +28,7 @@ SIZE, SHA256 = FILES[NAME]
 
 def setup(args):
     # DDP: rank and world size from the launcher
-    env = ddp_env.prepare(backend="gloo", device="cpu")
+    env = world.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import ensure_fashion_mnist, read_idx
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.data import ensure_fashion_mnist, read_idx
+from dpcourse.lab.metrics import JsonLog
 
 FALLBACK = {"mean": 0.5, "std": 0.5}
 
 
 def setup(args):
     # DDP: rank and world size from the launcher
-    env = ddp_env.prepare(backend="gloo", device="cpu")
+    env = world.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 

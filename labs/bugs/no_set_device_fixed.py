@@ -16,8 +16,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 # DDP: a GPU for each process here
 GPUS = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -28,7 +28,7 @@ torch.serialization.register_package(5, lambda storage: "cuda:0" if AS_IF_ON_GPU
 
 def setup(args):
     # DDP: rank and world size from the launcher
-    env = ddp_env.prepare(backend="gloo", device="cpu")
+    env = world.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
     return env

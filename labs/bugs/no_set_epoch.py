@@ -13,13 +13,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 def setup(args):
     # DDP: rank and world size from the launcher
-    env = ddp_env.prepare(backend="gloo", device="cpu")
+    env = world.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 

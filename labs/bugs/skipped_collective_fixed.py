@@ -17,14 +17,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.data import InMemoryFashionMNIST
+from dpcourse.lab.metrics import JsonLog
 
 
 def setup(args):
     # DDP: rank and world size from the launcher
-    env = ddp_env.prepare(backend="gloo", device="cpu")
+    env = world.prepare(backend="gloo", device="cpu")
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
 

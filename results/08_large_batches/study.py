@@ -92,8 +92,8 @@ def main(argv=None) -> int:
                    help=f"only these runs: {', '.join(RUNS)}")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
-    from dpcourse.launch import run_ok, torchrun
-    from dpcourse.scaling import machine
+    from dpcourse.explore.launch import run_ok, torchrun
+    from dpcourse.explore.scaling import machine
 
     study_path = HERE / "study.json"
     study = json.loads(study_path.read_text()) if study_path.exists() else {"runs": {}}

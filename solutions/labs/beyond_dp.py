@@ -32,8 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 # ---------------------------------------------------------------- tensor parallelism
@@ -189,7 +189,7 @@ def gpipe_step(stage, x, y, M, rank, world_size, clock):
 def pipeline_part(args, env, log):
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: which stage am I, of how many
     if args.layers % world_size:
-        ddp_env.stop(env, f"--layers {args.layers} does not split into {world_size} equal stages")
+        world.stop(env, f"--layers {args.layers} does not split into {world_size} equal stages")
     whole, stage = stage_layers(args, rank, world_size, env.device)
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.batch_size, args.width, generator=gen).to(env.device)
@@ -232,7 +232,7 @@ def pipeline_part(args, env, log):
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
@@ -247,7 +247,7 @@ def cleanup():
 def main(args):
     env = setup(args)
     if env.world_size < 2:
-        ddp_env.stop(env, "split a model over at least 2 ranks: "
+        world.stop(env, "split a model over at least 2 ranks: "
                      "torchrun --standalone --nproc-per-node 2 labs/beyond_dp.py")
     # DDP: rank 0 logs
     log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
-from dpcourse.rendezvous import free_port
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
+from dpcourse.lab.rendezvous import free_port
 
 # DDP: how long the group's meeting, and each collective, waits for every rank: a rank that cannot
 # reach the others fails within a minute, not after gloo's default 30 minutes
@@ -182,7 +182,7 @@ def unused_parameters(log):
 
 
 def main(args):
-    env = ddp_env.prepare(backend="gloo", device="cpu")  # DDP: rank, world size, address, port
+    env = world.prepare(backend="gloo", device="cpu")  # DDP: rank, world size, address, port
     # DDP: rank 0 logs
     log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     if args.part == "init":

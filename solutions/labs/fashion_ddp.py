@@ -33,21 +33,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env, options, preemption, training
-from dpcourse.data import InMemoryFashionMNIST, torchvision_fashion_mnist
-from dpcourse.metrics import StepTimer, trace_profiler
-from dpcourse.models import FashionCNN
-from dpcourse.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
+from dpcourse.lab import options, preemption, training, world
+from dpcourse.lab.data import InMemoryFashionMNIST, torchvision_fashion_mnist
+from dpcourse.lab.metrics import StepTimer, trace_profiler
+from dpcourse.lab.models import FashionCNN
+from dpcourse.lab.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
 
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
-    ddp_env.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
+    world.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
     return env
 
 
@@ -107,7 +107,7 @@ class Trainer:
         self.window = training.Window(env.device)  # loss and throughput since the last log record
         self.last_eval, self.test_images = {"test_accuracy": None, "test_loss": None}, None
         self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
-                        unit="step", desc="train", disable=ddp_env.bar_off(env.rank))  # DDP: 0's
+                        unit="step", desc="train", disable=world.bar_off(env.rank))  # DDP: 0's
         self.profiler = trace_profiler(args.profile_trace if env.rank == 0 else None)  # Chrome's
 
     def run_epoch(self, epoch):
@@ -267,14 +267,14 @@ def main(args):
     caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    device, stop = env.device, partial(ddp_env.stop, env)  # stop(why): rank 0 says it, all exit
+    device, stop = env.device, partial(world.stop, env)  # stop(why): rank 0 says it, all exit
     batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: × world size
     training.check_options(args, world_size, batch, stop, device)  # e.g. --no-ddp on 2 ranks
     dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP copies rank 0's anyway)
 
     # Data. Rank 0 stages the files first; the others wait, then read the same verified copy.
-    with ddp_env.rank0_first():  # DDP: one download, not one per rank
+    with world.rank0_first():  # DDP: one download, not one per rank
         train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device,
                                          first=args.train_images)
         test_set = InMemoryFashionMNIST(args.data_root, train=False, device=device)

@@ -33,10 +33,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import InMemoryFashionMNIST
-from dpcourse.metrics import JsonLog
-from dpcourse.models import FashionCNN
+from dpcourse.lab import world
+from dpcourse.lab.data import InMemoryFashionMNIST
+from dpcourse.lab.metrics import JsonLog
+from dpcourse.lab.models import FashionCNN
 
 CASES = ("average", "float32", "unequal", "sum", "batchnorm", "dropout")
 TOLERANCE = 1e-6  # float64 rounding is ~1e-16; a real mistake is 1e-3 or more
@@ -152,7 +152,7 @@ class Bench:
     def __init__(self, args, env, log):
         self.args, self.env, self.log = args, env, log
         self.rank, self.world = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many?
-        with ddp_env.rank0_first():  # DDP: one download, not one per rank
+        with world.rank0_first():  # DDP: one download, not one per rank
             data = InMemoryFashionMNIST(args.data_root, train=True, device=env.device)
         g = torch.Generator().manual_seed(args.seed)  # the same global batch on every rank
         self.x, self.y = data[torch.randperm(len(data), generator=g)[:args.batch].to(env.device)]
@@ -170,7 +170,7 @@ class Bench:
     def equal_sizes(self):
         n, k = self.args.batch, self.world
         if n % k:
-            ddp_env.stop(self.env, f"--batch {n} does not split into {k} equal shards: "
+            world.stop(self.env, f"--batch {n} does not split into {k} equal shards: "
                                    f"use a multiple of {k}, e.g. --batch {n - n % k}.")
         return [n // k] * k
 
@@ -226,7 +226,7 @@ def case_unequal(b):
     n = b.args.batch
     sizes = shard_sizes(n, b.world, b.args.shards)
     if len(sizes) != b.world or sum(sizes) != n or min(sizes) < 1:
-        ddp_env.stop(b.env, f"--shards {b.args.shards}: give {b.world} positive sizes "
+        world.stop(b.env, f"--shards {b.args.shards}: give {b.world} positive sizes "
                      f"adding up to --batch {n}.")
     mine = b.rows(sizes)
     for weighted in (False, True):
@@ -321,7 +321,7 @@ def case_dropout(b, p=0.5):
 # ---------------------------------------------------------------- set-up and main
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join

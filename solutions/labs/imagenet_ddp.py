@@ -1,6 +1,7 @@
 """Train a ResNet on ImageNet (or an ImageFolder tree, or its tar shards) with DDP.
 
-    python -m dpcourse.data make-imagefolder data/imagenet-mini    # no ImageNet here? a small tree
+    # no ImageNet here? a small tree
+    python -m dpcourse.lab.data make-imagefolder data/imagenet-mini
     torchrun --standalone --nproc-per-node 2 solutions/labs/imagenet_ddp.py \\
         --data-root data/imagenet-mini --arch resnet18 --image-size 64 --batch-size 16 --epochs 4
     torchrun --standalone --nproc-per-node 8 solutions/labs/imagenet_ddp.py \\
@@ -21,7 +22,7 @@ Every line that exists because of distribution is marked `# DDP:`.
 
 Reading it for the first time: main() at the bottom tells the whole story; Trainer.run_step() is
 one step, where DDP averages the gradients; Trainer.save() is where rank 0 saves. The sampler that
-splits the data is made in main(); make_datasets() and dpcourse.images only read the images.
+splits the data is made in main(); make_datasets() and dpcourse.lab.images only read the images.
 """
 import argparse
 import time
@@ -36,23 +37,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse import dist as ddp_env, options, preemption, training
-from dpcourse.images import batch_loader, image_dataset, normalize, stage, to_device
-from dpcourse.metrics import peak_tflops, train_flops
-from dpcourse.models import torchvision_model
-from dpcourse.optim import warmup_then_decay
+from dpcourse.lab import options, preemption, training, world
+from dpcourse.lab.images import batch_loader, image_dataset, normalize, stage, to_device
+from dpcourse.lab.metrics import peak_tflops, train_flops
+from dpcourse.lab.models import torchvision_model
+from dpcourse.lab.optim import warmup_then_decay
 
 REFERENCE_BATCH = 256  # --lr is the learning rate for this global batch (Goyal et al.: 0.1 per 256)
 
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
-    ddp_env.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
+    world.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
     return env
 
 
@@ -88,15 +89,16 @@ def make_datasets(args, env):
         return None, None
     root = args.data_root
     if not root:
-        ddp_env.stop(env, "--data-root is missing: give the folder that holds train/ and val/ "
+        world.stop(env, "--data-root is missing: give the folder that holds train/ and val/ "
                      "(ImageFolder or shards), or train on --synthetic images. To practise "
                      "without ImageNet:\n"
-                     "    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini")
+                     "    .venv/bin/python -m dpcourse.lab.data make-imagefolder "
+                     "data/imagenet-mini")
     if args.stage_to:
-        with ddp_env.rank0_first(local=True):  # DDP: one copy per node, by its local rank 0
+        with world.rank0_first(local=True):  # DDP: one copy per node, by its local rank 0
             root = stage(root, args.stage_to)
     decode = args.decode_on == "workers"
-    with ddp_env.rank0_first():  # DDP: a missing folder is said once, by rank 0
+    with world.rank0_first():  # DDP: a missing folder is said once, by rank 0
         train = image_dataset(Path(root) / "train", True, args.image_size, args.seed, decode)
         val = image_dataset(Path(root) / "val", False, args.image_size, args.seed, decode)
     return train, val
@@ -145,7 +147,7 @@ class Trainer:
         self.peak = peak_tflops(env.device, args.peak_tflops)
         self.window, self.tested = training.Window(env.device), {}  # since the last record; a test
         self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
-                        unit="step", desc="train", disable=ddp_env.bar_off(env.rank))  # DDP: 0's
+                        unit="step", desc="train", disable=world.bar_off(env.rank))  # DDP: 0's
 
     def batches(self, epoch):
         """This rank's batches of the epoch, from where a resumed run left off (--synthetic: one
@@ -268,7 +270,7 @@ def main(args):
     caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    device, stop = env.device, partial(ddp_env.stop, env)  # stop(why): rank 0 says it, all exit
+    device, stop = env.device, partial(world.stop, env)  # stop(why): rank 0 says it, all exit
     batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: × world size
     training.check_options(args, world_size, batch, stop)  # e.g. --no-ddp on two ranks
     training.deterministic(args.deterministic, warn_only=True)  # resumed = uninterrupted
@@ -336,7 +338,7 @@ def main(args):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=options.Defaults)
-    # every training lab's (dpcourse/options.py) --epochs, --lr, ..., with Goyal et al.'s recipe
+    # every training lab's (dpcourse/lab/options.py) --epochs, --lr, ..., with Goyal et al.'s recipe
     options.common_options(p, REFERENCE_BATCH, epochs=90, global_batch_size=256, lr=0.1,
                            lr_scaling="linear", warmup_epochs=5, weight_decay=1e-4, log_every=20)
     options.ddp_options(p, timeout=120)  # the DDP labs': --backend, --timeout, --no-ddp

@@ -13,7 +13,7 @@ Every rank cuts its vector into P chunks (their sizes differ by at most one elem
                     straight into its place, until every rank has every chunk.
 
 Each rank sends 2(P − 1) messages of M/P bytes: 2(P − 1)/P · M in all, whatever P is.
-``dpcourse.allreduce.ring`` is the same algorithm (the course's reference). --check compares
+``dpcourse.lab.allreduce.ring`` is the same algorithm (the course's reference). --check compares
 this file's ring with ``dist.all_reduce`` for awkward lengths (1 element, fewer elements than
 ranks, lengths that P does not divide) in float32 and float64; --show prints what every rank
 holds after each step, on a small vector whose digits say which ranks' numbers are in it.
@@ -26,13 +26,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     # DDP: a lost message ends the run
@@ -101,7 +101,7 @@ def ring_all_reduce(tensor, on_step=None, reference=False):
     flat = tensor.view(-1)  # a contiguous tensor's 1-D view: the chunks write into ``tensor``
     chunks = flat.tensor_split(world_size)  # P views, sizes differ by at most one
     if reference:
-        from dpcourse.allreduce import ring_all_gather, ring_reduce_scatter
+        from dpcourse.lab.allreduce import ring_all_gather, ring_reduce_scatter
         ring_reduce_scatter(chunks, rank, world_size, on_step)
         ring_all_gather(chunks, rank, world_size, on_step)
         return
@@ -204,7 +204,7 @@ if __name__ == "__main__":
     parser.add_argument("--show", action="store_true",
                         help="print every rank's vector after each step")
     parser.add_argument("--reference", action="store_true",
-                        help="--show: the course library's ring (dpcourse.allreduce), "
+                        help="--show: the course library's ring (dpcourse.lab.allreduce), "
                              "not this file's")
     parser.add_argument("--per-chunk", type=int, default=2, help="--show: elements per chunk")
     parser.add_argument("--lengths", type=int, nargs="*", default=[], help="--check: more lengths")

@@ -31,8 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dpcourse import dist as ddp_env
-from dpcourse.metrics import JsonLog
+from dpcourse.lab import world
+from dpcourse.lab.metrics import JsonLog
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -179,7 +179,7 @@ def check(args, env):
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     # with one rank there is nothing to shard, and a missing broadcast goes unseen
     if world_size < 2:
-        ddp_env.stop(env, "the check needs at least 2 ranks: "
+        world.stop(env, "the check needs at least 2 ranks: "
                      "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
     optimizers = {"AdamW": (torch.optim.AdamW, {"lr": args.lr, "weight_decay": 0.01}),
                   "SGD": (torch.optim.SGD, {"lr": 10 * args.lr, "momentum": 0.9})}
@@ -219,7 +219,7 @@ def check(args, env):
 
 def setup(args):
     # DDP: rank and world size from torchrun, srun or mpirun; MASTER_ADDR/PORT set and checked.
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join

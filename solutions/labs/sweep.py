@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_ddp.py beside this file
 import fashion_ddp
-from dpcourse.rendezvous import free_port
+from dpcourse.lab.rendezvous import free_port
 
 
 def fresh_rendezvous(run, agent):

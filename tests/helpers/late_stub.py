@@ -5,7 +5,7 @@ import time
 
 import torch.distributed as dist
 
-from dpcourse.dist import explain_errors
+from dpcourse.lab.world import explain_errors
 
 explain_errors()
 dist.init_process_group("gloo")  # after: torch's hook tags our line "[rankN]:", as in the labs

@@ -3,10 +3,10 @@ import sys
 
 import torch.distributed as dist
 
-from dpcourse import dist as ddp_env
-from dpcourse.data import load_fashion_mnist, raw_dir
+from dpcourse.lab import world
+from dpcourse.lab.data import load_fashion_mnist, raw_dir
 
-env = ddp_env.setup(backend="gloo")
+env = world.setup(backend="gloo")
 root = sys.argv[1]
 already = raw_dir(root).exists()
 images, labels = load_fashion_mnist(root)
@@ -14,4 +14,4 @@ if env.rank == 0 and not already:
     print("staged by rank 0", flush=True)
 dist.barrier()
 print(f"OK {len(labels)}", flush=True)
-ddp_env.cleanup()
+world.cleanup()

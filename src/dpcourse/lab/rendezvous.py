@@ -1,7 +1,7 @@
 """The rendezvous before ``init_process_group``: the port, the address, the roll call, a restart.
 
-``prepare()`` in dpcourse.dist calls these. Each problem a learner meets here (a port in use, an
-address that does not resolve, a rank that never came, another job's rendezvous, a torchrun
+``prepare()`` in dpcourse.lab.world calls these. Each problem a learner meets here (a port in use,
+an address that does not resolve, a rank that never came, another job's rendezvous, a torchrun
 restart's stale store) ends in one line that says what to do, instead of torch's long wait.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .errors import CourseError
-from .whoami import DistEnv, env_info, job_token
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.whoami import DistEnv, env_info, job_token
 
 
 def default_port(environ: os._Environ | dict | None = None) -> int:
@@ -64,7 +64,7 @@ def ranks_text(ranks: list[int]) -> str:
 def port_in_use(addr: str, port: int) -> str:
     return (f"Port {port} on {addr} is already in use (another job, or a run that has not ended). "
             "Set MASTER_PORT to a free port, e.g. export MASTER_PORT=$(python -c 'from "
-            "dpcourse.rendezvous import free_port; print(free_port())'), or use torchrun "
+            "dpcourse.lab.rendezvous import free_port; print(free_port())'), or use torchrun "
             "--standalone, which picks one.")
 
 def wait_until_listening(addr: str, port: int, timeout_s: float) -> None:

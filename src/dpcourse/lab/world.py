@@ -12,8 +12,8 @@ is there, settles MASTER_ADDR/MASTER_PORT, checks them and gathers the ranks, an
 ``setup()`` does both (for tests and helpers); ``cleanup()`` ends the group.
 
 What the labs call lives here; the rendezvous (ports, the roll call, restarts) is
-dpcourse.rendezvous, the one-line explanations of failures dpcourse.explain, and reading the
-launcher's variables dpcourse.whoami.
+dpcourse.lab.rendezvous, the one-line explanations of failures dpcourse.lab.explain, and reading the
+launcher's variables dpcourse.lab.whoami.
 """
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ import torch.distributed as dist
 # abort ("terminate called without an active exception"). Imported here, before any group.
 import torch.distributed.nn
 
-from . import rendezvous
-from .errors import CourseError
-from .explain import explain_errors
-from .whoami import DistEnv, env_info
+from dpcourse.lab import rendezvous
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.explain import explain_errors
+from dpcourse.lab.whoami import DistEnv, env_info
 
 # DistEnv, env_info, explain_errors: for the labs
 __all__ = ["DistEnv", "env_info", "explain_errors", "prepare", "setup", "cleanup", "stop",

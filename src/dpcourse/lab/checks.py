@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import dist as ddp_env
+from dpcourse.lab import world
 
 
 def label(name, model):
@@ -101,7 +101,7 @@ def hand_made_ddp(variants, env, seed=0, steps=4, lr=0.2, tolerance=1e-5) -> boo
     WRONG and why, or not done yet); True, on every rank, if all of them agree."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if world_size < 2:  # with one rank, a sum, a mean and doing nothing all look right
-        ddp_env.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes "
+        world.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes "
                      "unseen): torchrun --standalone --nproc-per-node 2 "
                      "labs/ddp_by_hand.py --check")
     G, gen = 6 * world_size, torch.Generator().manual_seed(seed)  # the same batches on every rank

@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, NoReturn
 import torch
 import torch.distributed as dist
 
-from dpcourse.metrics import JsonLog
+from dpcourse.lab.metrics import JsonLog
 
 
 def save_checkpoint(path: str | os.PathLike, config: dict, **parts) -> None:

@@ -1,11 +1,12 @@
 """Is this machine, or this job, ready for the course? One verdict a line: ok, warning or problem.
 
-    python -m dpcourse.doctor                 # this machine; starts 2 processes for an all_reduce
-    python -m dpcourse.doctor --backend nccl  # as a GPU lab would run
+    python -m dpcourse.cluster.doctor  # this machine; starts 2 processes for an all_reduce
+    python -m dpcourse.cluster.doctor --backend nccl  # as a GPU lab would run
     sbatch slurm/doctor.sbatch                # every rank of a job takes part; rank 0 reports
-    srun -N1 -n2 python -m dpcourse.doctor    # in an allocation (several nodes: export MASTER_ADDR)
-    torchrun --standalone --nproc-per-node 2 -m dpcourse.doctor
-    mpirun -np 2 python -m dpcourse.doctor
+    # in an allocation (several nodes: export MASTER_ADDR)
+    srun -N1 -n2 python -m dpcourse.cluster.doctor
+    torchrun --standalone --nproc-per-node 2 -m dpcourse.cluster.doctor
+    mpirun -np 2 python -m dpcourse.cluster.doctor
 
 It checks torch, CUDA and NCCL; the GPUs against the processes on this node; the backends; the
 network interfaces and NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; MASTER_ADDR and MASTER_PORT; each
@@ -34,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import data, dist as ddp_env, rendezvous
-from .errors import CourseError
+from dpcourse.lab import data, rendezvous, world
+from dpcourse.lab.errors import CourseError
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 SHOWN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -75,13 +76,13 @@ def _torch_build() -> list:
     return [(OK, "torch", f"{torch.__version__}, CUDA {torch.version.cuda} build, {nccl}; {gpus}")]
 
 
-def check_gpus(info: ddp_env.DistEnv, backend: str) -> list:
+def check_gpus(info: world.DistEnv, backend: str) -> list:
     """What the labs' --device auto (and --device cuda) would take here, and why
     (dist.placement)."""
     visible = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}"
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # the device; --backend's own line is check_backends'
-    placed = ddp_env.placement("auto", "auto", info)
+    placed = world.placement("auto", "auto", info)
     if placed.note:  # the job holds GPUs that the labs cannot use: --device cuda would fail
         return [(PROBLEM, "GPUs", placed.note)]
     if n == 0:
@@ -94,17 +95,17 @@ def check_gpus(info: ddp_env.DistEnv, backend: str) -> list:
                  f"trains on the CPU. Start at most {n} per node (--nproc-per-node, "
                  "--ntasks-per-node), or give each task its own (srun --gpus-per-task=1).")]
     how = ("bound to this process by the launcher"
-           if ddp_env.bound_one_each(info.launcher, visible=n) and n < info.local_world_size
+           if world.bound_one_each(info.launcher, visible=n) and n < info.local_world_size
            else f"local rank {info.local_rank} of {info.local_world_size}")
     return [(OK, "GPUs", f"{n} ({names}, {visible}); {how}: {placed.device} with {placed.backend}")]
 
 
-def check_backends(info: ddp_env.DistEnv, backend: str) -> tuple[list, str | None]:
+def check_backends(info: world.DistEnv, backend: str) -> tuple[list, str | None]:
     """The backends compiled in, and the one this launch would use (None: none can)."""
     have = ", ".join(f"{b} {'yes' if on else 'no'}"
-                     for b, on in ddp_env.available_backends().items())
+                     for b, on in world.available_backends().items())
     try:
-        chosen = ddp_env.choose_backend(backend, "auto", info.local_world_size)
+        chosen = world.choose_backend(backend, "auto", info.local_world_size)
     except CourseError as err:
         if torch.cuda.is_available() and backend == "nccl":  # too few GPUs: the GPUs line says so
             return [(OK, "backends", f"compiled in: {have}")], None
@@ -185,7 +186,7 @@ def _port_free(port: int) -> bool:
             return False
 
 
-def check_launch(info: ddp_env.DistEnv, given: dict, ip: str | None) -> list:
+def check_launch(info: world.DistEnv, given: dict, ip: str | None) -> list:
     """MASTER_ADDR and MASTER_PORT as the launcher gave them (``given``; ``ip``: the address's), and
     whether they can work."""
     addr, port, host = given.get("MASTER_ADDR"), given.get("MASTER_PORT"), socket.gethostname()
@@ -224,7 +225,7 @@ def check_launch(info: ddp_env.DistEnv, given: dict, ip: str | None) -> list:
 def check_data(root: str | None) -> list:
     root = data.default_root(root)
     raw = root / "FashionMNIST" / "raw"
-    fetch = f".venv/bin/python -m dpcourse.data fetch --data-root {root}"
+    fetch = f".venv/bin/python -m dpcourse.lab.data fetch --data-root {root}"
     missing = [n for n in data.FILES if not (raw / n).exists()]
     for name in data.FILES:
         try:
@@ -252,7 +253,7 @@ def allreduce_locally(backend: str | None, timeout: float) -> list:
     port, start = rendezvous.free_port(), time.perf_counter()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1", "DPCOURSE_DOCTOR_BACKEND": backend}
-    procs = [subprocess.Popen([sys.executable, "-m", "dpcourse.doctor", "--worker",
+    procs = [subprocess.Popen([sys.executable, "-m", "dpcourse.cluster.doctor", "--worker",
                                "--timeout", str(timeout)],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]
@@ -294,7 +295,7 @@ def worker(timeout: float) -> int:
 def allreduce_in_job(backend: str, timeout: float, mine: dict) -> tuple[list, list[dict] | None]:
     """Every rank of the job joins one group, all_reduces, and sends ``mine`` to rank 0."""
     try:
-        env = ddp_env.prepare(backend, "auto", rendezvous_timeout_s=timeout)
+        env = world.prepare(backend, "auto", rendezvous_timeout_s=timeout)
         if env.device.type == "cuda":
             torch.cuda.set_device(env.device)
         dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
@@ -319,7 +320,7 @@ def allreduce_in_job(backend: str, timeout: float, mine: dict) -> tuple[list, li
              f"ranks + 1 = {value.item():g} in {seconds:.3f} s")], everyone
 
 
-def rank_line(info: ddp_env.DistEnv, given: dict) -> tuple:
+def rank_line(info: world.DistEnv, given: dict) -> tuple:
     shown = " ".join(f"{k}={v}" for k, v in given.items())
     return (OK, f"rank {info.rank}", f"local rank {info.local_rank} of {info.local_world_size} "
             f"on {NODE}, pid {os.getpid()}: {shown}")
@@ -351,7 +352,7 @@ def watchdog(seconds: float, rank: int, stage: list) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpcourse.doctor",
+    p = argparse.ArgumentParser(prog="python -m dpcourse.cluster.doctor",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--data-root", default=None, help="folder for FashionMNIST (default: "
                    "$DPCOURSE_DATA or <checkout>/data)")
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args.timeout)
 
-    info, given = ddp_env.env_info(), {k: os.environ[k] for k in SHOWN if k in os.environ}
+    info, given = world.env_info(), {k: os.environ[k] for k in SHOWN if k in os.environ}
     stage = ["checking this host"]
     watchdog(2 * args.timeout + 15, info.rank, stage)  # 15 s: starting processes on a busy node
     lines = check_torch() + check_gpus(info, args.backend)

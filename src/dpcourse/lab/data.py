@@ -15,16 +15,18 @@ Files are verified on their *uncompressed* bytes: Debian's ``.gz`` files have an
 header than the upstream ones, so the ``.gz`` checksums differ although the images are the
 same. A truncated or corrupt file is reported by name and never used.
 
-    .venv/bin/python -m dpcourse.data fetch     # stage the data (with a progress bar)
-    .venv/bin/python -m dpcourse.data verify    # check what is there
-    .venv/bin/python -m dpcourse.data fetch --from /shared/course/data --data-root "$TMPDIR/data"
+    .venv/bin/python -m dpcourse.lab.data fetch     # stage the data (with a progress bar)
+    .venv/bin/python -m dpcourse.lab.data verify    # check what is there
+    .venv/bin/python -m dpcourse.lab.data fetch --from /shared/course/data \\
+        --data-root "$TMPDIR/data"
                                                 # a node-local copy of a shared one (Slurm jobs)
 
-ImageNet-style trees and shards (notebook 10, dpcourse/images.py)::
+ImageNet-style trees and shards (notebook 10, dpcourse/lab/images.py)::
 
-    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini  # 10 classes, 64 px JPEGs
-    .venv/bin/python -m dpcourse.data make-shards data/imagenet-mini data/imagenet-mini-shards
-    .venv/bin/python -m dpcourse.data stage data/imagenet-mini "$TMPDIR/imagenet"
+    .venv/bin/python -m dpcourse.lab.data make-imagefolder data/imagenet-mini
+                                                # 10 classes, 64 px JPEGs
+    .venv/bin/python -m dpcourse.lab.data make-shards data/imagenet-mini data/imagenet-mini-shards
+    .venv/bin/python -m dpcourse.lab.data stage data/imagenet-mini "$TMPDIR/imagenet"
 """
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .dist import rank0_first
-from .errors import CourseError
-from .paths import project_root
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.paths import project_root
+from dpcourse.lab.world import rank0_first
 
 # name -> (uncompressed size in bytes, official SHA-256 of the uncompressed file)
 FILES = {
@@ -108,7 +110,7 @@ def _corrupt(path: Path, problem: str, root: Path) -> CourseError:
         f"FashionMNIST: {problem}. It was not used. "
         "Delete it and stage the data again, in the course folder:\n"
         f"    rm {path}\n"
-        f"    .venv/bin/python -m dpcourse.data fetch --data-root {root}")
+        f"    .venv/bin/python -m dpcourse.lab.data fetch --data-root {root}")
 
 
 def _unpack(gz: Path, dest: Path, name: str) -> str | None:
@@ -167,7 +169,7 @@ def _no_data_message(root: Path, system_dir: Path, why: str) -> str:
         f"  2. install Debian's package: sudo apt-get install dataset-fashion-mnist "
         f"(files in {system_dir});\n"
         "  3. connect to the internet and run, in the course folder: "
-        ".venv/bin/python -m dpcourse.data fetch (torchvision's checksummed download).\n"
+        ".venv/bin/python -m dpcourse.lab.data fetch (torchvision's checksummed download).\n"
         f"The download failed with: {why}")
 
 
@@ -219,7 +221,7 @@ def _stage(root: Path, system_dir: Path, download: bool, progress: bool,
                     fix = (f"Delete {local_gz} and put the official file there."
                            if found == local_gz else
                            f"Stage that copy again: "
-                           f".venv/bin/python -m dpcourse.data fetch --data-root {source}"
+                           f".venv/bin/python -m dpcourse.lab.data fetch --data-root {source}"
                            if found == shared else
                            "Reinstall it: sudo apt-get install --reinstall dataset-fashion-mnist")
                     raise CourseError(f"FashionMNIST: {problem}. {fix}")
@@ -246,7 +248,7 @@ def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool =
     """
     root = default_root(root)
     if source is not None:
-        from .images import own_folder
+        from dpcourse.lab.images import own_folder
 
         own_folder(root)
     system_dir = Path(os.environ.get("DPCOURSE_SYSTEM_DATA", SYSTEM_DIR))
@@ -322,7 +324,7 @@ def torchvision_fashion_mnist(root=None, train: bool = True, download: bool = Tr
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpcourse.data",
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.lab.data",
                                      description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, what in (("fetch",
@@ -355,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command in ("make-imagefolder", "make-shards", "stage"):
-        from . import images  # errors are CourseErrors: one line, exit status 1
+        from dpcourse.lab import images  # errors are CourseErrors: one line, exit status 1
         if args.command == "make-imagefolder":
             out = images.make_imagefolder(args.dest, args.classes, args.per_class,
                                           args.val_per_class, args.size, args.seed)

@@ -35,7 +35,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[2]  # the course checkout (src/dpcourse/ is two below)
+ROOT = Path(__file__).resolve().parents[3]  # the course checkout (src/dpcourse/cluster/ is 3 below)
 NODES = ("n1", "n2")
 CPUS = 2  # per node
 GPUS = 2  # per node, pretend: Slurm hands them out, torch finds none behind them
@@ -625,6 +625,6 @@ def _demo_job(cluster: Cluster, template: Path, args: list, save: Path | None) -
         shutil.copy(runs / "log.jsonl", save / "log.jsonl")
         (save / "command.txt").write_text(
             f"sbatch {' '.join(FIT)} slurm/multi_node.sbatch {shlex.join(args)}\n"
-            "(made by: sudo .venv/bin/python -m dpcourse.slurm demo --save DIR)\n")
+            "(made by: sudo .venv/bin/python -m dpcourse.cluster.slurm demo --save DIR)\n")
         print(f"saved the job's output and rank 0's log in {save}")
     return job.returncode

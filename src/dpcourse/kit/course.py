@@ -1,11 +1,12 @@
 """The course's own tools: run every notebook, make the student copies, check a learner's work.
 
-    .venv/bin/python -m dpcourse.course run       # `make course`: execute solutions/*.ipynb
+    .venv/bin/python -m dpcourse.kit.course run       # `make course`: execute solutions/*.ipynb
                                                     into build/
-    .venv/bin/python -m dpcourse.course student   # `make student`: solutions/ → notebooks/ + labs/
-    .venv/bin/python -m dpcourse.course check     # `make check`: run the learner's notebooks,
+    .venv/bin/python -m dpcourse.kit.course student   # `make student`: solutions/
+                                                    → notebooks/ + labs/
+    .venv/bin/python -m dpcourse.kit.course check     # `make check`: run the learner's notebooks,
                                                     report each exercise
-    .venv/bin/python -m dpcourse.course room DIR  # the instructor's view of the records
+    .venv/bin/python -m dpcourse.kit.course room DIR  # the instructor's view of the records
                                                     make check ROOM=DIR left
 
 Exercise regions use nbgrader's markers: ``### BEGIN SOLUTION`` / ``### END SOLUTION`` in code
@@ -35,8 +36,8 @@ from pathlib import Path
 
 import nbformat
 
-from .launch import STUB, not_done
-from .paths import project_root
+from dpcourse.explore.launch import STUB, not_done
+from dpcourse.lab.paths import project_root
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 HINT = re.compile(r"BEGIN SOLUTION\s*\((?:hint:\s*)?(.*)\)\s*(?:-->)?\s*$")
@@ -66,12 +67,13 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
     """Run a notebook (``nb``, or the file at ``path``) top to bottom in the folder of ``path``;
     return (notebook, seconds, error or None).
 
-    Its kernel runs under test (``dpcourse.widgets.UNDER_TEST`` set): nobody watches an explorer's
-    output area here, so an error in its drawing fails the cell instead of being shown there."""
+    Its kernel runs under test (``dpcourse.explore.widgets.UNDER_TEST`` set): nobody watches an
+    explorer's output area here, so an error in its drawing fails the cell instead of being shown
+    there."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    from .widgets import UNDER_TEST
+    from dpcourse.explore.widgets import UNDER_TEST
 
     nb = nbformat.read(path, as_version=4) if nb is None else nb
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
@@ -450,8 +452,8 @@ def _shown(folder: Path) -> str:
 def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> int:
     """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's
     verdict, and, with ``room`` (or $DPCOURSE_ROOM), leave one record of each in that folder
-    (dpcourse.room)."""
-    from . import room as rooms
+    (dpcourse.cluster.room)."""
+    from dpcourse.cluster import room as rooms
 
     room = room or os.environ.get(rooms.ENV) or None
     warned = False
@@ -509,7 +511,7 @@ def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpcourse.course",
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.kit.course",
                                      description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="execute every solution notebook into build/")
@@ -524,14 +526,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the notebooks whose names start so (01)")
     p.add_argument("--room", default=None, metavar="DIR",
                    help="also leave one record per exercise in this folder, for the instructor's "
-                        "view (default: $DPCOURSE_ROOM; see python -m dpcourse.room)")
+                        "view (default: $DPCOURSE_ROOM; see python -m dpcourse.cluster.room)")
     # the instructor's view: its own options
     if (argv if argv is not None else sys.argv[1:])[:1] == ["room"]:
-        from . import room as rooms
+        from dpcourse.cluster import room as rooms
 
         return rooms.main((argv if argv is not None else sys.argv[1:])[1:])
     sub.add_parser("room", help="the instructor's view of a room's records "
-                                "(python -m dpcourse.course room -h)")
+                                "(python -m dpcourse.kit.course room -h)")
     args = parser.parse_args(argv)
     top = _root()
     os.environ.setdefault("DPCOURSE_DATA", str(top / "data"))

@@ -1,8 +1,9 @@
 """Strong and weak scaling studies of a training lab: run them, tabulate them, plot them.
 
-    python -m dpcourse.scaling run --workers 1 2 4 --mode strong weak -- --max-steps 300 --no-eval
-    python -m dpcourse.scaling table runs/scaling        # the table, as text
-    python -m dpcourse.scaling plot runs/scaling         # throughput, speedup, efficiency vs K
+    python -m dpcourse.explore.scaling run --workers 1 2 4 --mode strong weak \\
+        -- --max-steps 300 --no-eval
+    python -m dpcourse.explore.scaling table runs/scaling  # the table, as text
+    python -m dpcourse.explore.scaling plot runs/scaling   # throughput, speedup, efficiency vs K
 
 Strong scaling splits a fixed global batch between K workers (the same problem, more hands);
 weak scaling gives each worker a fixed batch (K workers, K times the work per step). Every
@@ -28,10 +29,10 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from . import launch
-from .dist import bar_off
-from .errors import CourseError
-from .metrics import read_log
+from dpcourse.explore import launch
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.metrics import read_log
+from dpcourse.lab.world import bar_off
 
 MODES = ("strong", "weak")
 LAB_ARGS = ("--max-steps", "300", "--no-eval")  # long enough for a steady state, no evaluation
@@ -288,8 +289,8 @@ def throughput(records: list[dict]) -> float | None:
 def load_study(out) -> dict:
     path = Path(out) / "study.json"
     if not path.is_file():
-        raise CourseError(f"No study in {out} (no study.json): run `python -m dpcourse.scaling run "
-                          f"--out {out}` first.")
+        raise CourseError(f"No study in {out} (no study.json): run "
+                          f"`python -m dpcourse.explore.scaling run --out {out}` first.")
     return json.loads(path.read_text())
 
 
@@ -356,13 +357,13 @@ def parse_args(argv=None):
     if "--" in argv:  # what follows goes to the lab untouched
         cut = argv.index("--")
         argv, lab_args = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="python -m dpcourse.scaling",
+    p = argparse.ArgumentParser(prog="python -m dpcourse.explore.scaling",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the study (complete runs are skipped)",
-                       usage="python -m dpcourse.scaling run [options] [-- LAB OPTIONS]",
+                       usage="python -m dpcourse.explore.scaling run [options] [-- LAB OPTIONS]",
                        description="Run a lab for each K and mode; one JSON log per run in --out. "
                                    "Options after -- go to the lab, replacing the default "
                                    f"{' '.join(LAB_ARGS)}.")
@@ -418,7 +419,7 @@ def main(argv=None) -> None:
     elif args.command == "table":
         print(format_table(table(args.out)))
     else:
-        from . import plots
+        from dpcourse.explore import plots
 
         rows = table(args.out)
         print(format_table(rows))

@@ -1,10 +1,13 @@
 """The course's Slurm templates: what a job would run, without submitting it; and a local cluster.
 
-    .venv/bin/python -m dpcourse.slurm dry-run slurm/multi_node.sbatch             # as written
-    .venv/bin/python -m dpcourse.slurm dry-run slurm/multi_node.sbatch --nodes 4   # sbatch options
-    .venv/bin/python -m dpcourse.slurm dry-run slurm/cpu.sbatch -- --epochs 1 # lab options after --
-    sudo .venv/bin/python -m dpcourse.slurm demo    # a two-node Slurm on this machine, one real job
-    sudo .venv/bin/python -m dpcourse.slurm demo --keep
+    .venv/bin/python -m dpcourse.cluster.slurm dry-run slurm/multi_node.sbatch  # as written
+    .venv/bin/python -m dpcourse.cluster.slurm dry-run slurm/multi_node.sbatch --nodes 4
+        # sbatch options
+    .venv/bin/python -m dpcourse.cluster.slurm dry-run slurm/cpu.sbatch -- --epochs 1
+        # lab options after --
+    sudo .venv/bin/python -m dpcourse.cluster.slurm demo
+        # a two-node Slurm on this machine, one real job
+    sudo .venv/bin/python -m dpcourse.cluster.slurm demo --keep
         # ... that stays up for your own sbatch, until Ctrl-C
 
 ``dry-run`` reads the template's ``#SBATCH`` lines (and the sbatch options you give, which win,
@@ -29,7 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CourseError
+from dpcourse.lab.errors import CourseError
 
 JOB_ID = 424242  # the pretend job's id (its rendezvous port is 20000 + JOB_ID % 10000)
 
@@ -115,19 +118,20 @@ def job_from(words: list[str], template: Path) -> Job:
 
 # ------------------------------------------------------------------------------ the stand-ins
 RECORD = """#!/bin/sh
-# dpcourse.slurm dry-run: record this command instead of running it
+# dpcourse.cluster.slurm dry-run: record this command instead of running it
 exec "{python}" -c 'import json, os, sys; print(json.dumps(sys.argv[1:]),
     file=open(os.environ["DRYRUN_STEPS"], "a"))' {what} "$@"
 """
 PYTHON = """#!/bin/sh
-# dpcourse.slurm dry-run: a one-line `python -c` runs (a template may compute a port with it);
+# dpcourse.cluster.slurm dry-run: a one-line `python -c` runs (a template may compute a port \
+with it);
 # the rest is recorded
 if [ "$1" = "-c" ]; then exec "{python}" "$@"; fi
 exec "{python}" -c 'import json, os, sys; print(json.dumps(sys.argv[1:]),
     file=open(os.environ["DRYRUN_STEPS"], "a"))' direct "$0" "$@"
 """
 SCONTROL = """#!/bin/sh
-# dpcourse.slurm dry-run: `scontrol show hostnames` of the pretend node list
+# dpcourse.cluster.slurm dry-run: `scontrol show hostnames` of the pretend node list
 [ "$1 $2" = "show hostnames" ] || {{ echo "dry-run: scontrol $* is not simulated" >&2; exit 1; }}
 printf '%s\\n' {hosts}
 """
@@ -280,7 +284,7 @@ def analyse(argv: list[str], job: Job, direct: bool = False) -> Step:
         step.program = "python"
         words = program[next(i for i, n in enumerate(names) if n.startswith("python")) + 1:]
         step.trains = (bool(words) and words[0].endswith(".py")
-                       or words[:2] == ["-m", "dpcourse.scaling"])
+                       or words[:2] == ["-m", "dpcourse.explore.scaling"])
         if words and words[0].endswith(".py"):
             step.procs_per_node = step.tasks_per_node
             step.world_size = step.nodes * step.tasks_per_node
@@ -326,7 +330,7 @@ def describe(step: Step, job: Job) -> str:
 def dry_run(template: str | os.PathLike, sbatch_options=(), lab_args=(),
             root: Path | None = None) -> DryRun:
     """Run ``template`` as Slurm would start it, with stand-ins for srun and scontrol."""
-    from .paths import project_root
+    from dpcourse.lab.paths import project_root
 
     template = Path(template)
     if not template.is_file():
@@ -396,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, lab_args = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="python -m dpcourse.slurm",
+    p = argparse.ArgumentParser(prog="python -m dpcourse.cluster.slurm",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1].replace("``", "'"))
@@ -417,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if result.problems else 0
     if sbatch_options:
         p.error(f"unknown options: {' '.join(sbatch_options)}")
-    from . import localslurm
+    from dpcourse.cluster import localslurm
 
     return localslurm.demo(lab_args, args.save, args.keep)
 

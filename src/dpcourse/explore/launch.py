@@ -1,6 +1,6 @@
 """Run ``torchrun`` from a notebook cell (or a test) and watch it.
 
-    from dpcourse.launch import torchrun, lab
+    from dpcourse.explore.launch import torchrun, lab
     run = torchrun(lab("hello"), nproc=2)            # streams "[rank0]: ..." lines as they come
     run.returncode, run.log                          # exit status, rank 0's JSON-lines log
     run = horovodrun(lab("fashion_horovod"), nproc=2)  # the same, for a Horovod lab (make horovod)
@@ -33,9 +33,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CourseError
-from .metrics import read_log
-from .paths import project_root
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.metrics import read_log
+from dpcourse.lab.paths import project_root
 
 
 @dataclass
@@ -129,7 +129,8 @@ def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: flo
     notebook can show what went wrong; check ``run.returncode`` (or call ``run_ok``).
     """
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
-    cmd = [sys.executable, "-m", "dpcourse.torchrun", "--standalone",  # torchrun, less its teardown
+    # torchrun, less its teardown
+    cmd = [sys.executable, "-m", "dpcourse.lab.torchrun", "--standalone",
            f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}"]
     # Each line tagged "[rankN]:". The variable, not torchrun's --log-line-prefix-template, which
     # PyTorch 2.11 lacks (seen on a GPU node's 2.11: "unrecognized arguments"); 2.14 reads both.
@@ -155,8 +156,9 @@ def horovodrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: f
                           "course folder (it builds Horovod in about 3 minutes), then restart the "
                           "kernel.")
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
-    # horovodrun, less its start-up probe (dpcourse/horovodrun.py): the answer is asked here, once
-    cmd = [sys.executable, "-m", "dpcourse.horovodrun", f"--{controller}", "-np", str(nproc),
+    # horovodrun, less its start-up probe (dpcourse/lab/horovodrun.py): the answer is asked
+    # here, once
+    cmd = [sys.executable, "-m", "dpcourse.lab.horovodrun", f"--{controller}", "-np", str(nproc),
            sys.executable]
     shown = ["horovodrun", f"--{controller}", "-np", str(nproc), "python"]
     built = _horovod_built()
@@ -277,18 +279,18 @@ def _can_fork(cmd: list[str]) -> bool:
     its GPUs): CUDA does not support fork after it has started, and although the agent never calls
     it, such a fork is not worth the 2 s it saves."""
     torch = sys.modules.get("torch")
-    return (cmd[1:3] == ["-m", "dpcourse.torchrun"] and sys.platform.startswith("linux")
+    return (cmd[1:3] == ["-m", "dpcourse.lab.torchrun"] and sys.platform.startswith("linux")
             and torch is not None and os.environ.get("DPCOURSE_FORK_LAUNCHER", "1") != "0"
             and not torch.cuda.is_initialized())
 
 
 class _ForkedTorchrun:
-    """torchrun's agent (``dpcourse.torchrun``: torchrun's own ``main``) in a fork of this process,
-    in a session of its own, its output on a pipe: what ``subprocess.Popen`` of
-    ``python -m dpcourse.torchrun`` gives (``pid``, ``stdout``, ``wait``, ``returncode``), without
-    the new interpreter's import of torch, which this process has done already: 2 of the 5 seconds
-    a launch took on the course's 2-core machine. The workers are new interpreters as before,
-    started by the agent."""
+    """torchrun's agent (``dpcourse.lab.torchrun``: torchrun's own ``main``) in a fork of this
+    process, in a session of its own, its output on a pipe: what ``subprocess.Popen`` of
+    ``python -m dpcourse.lab.torchrun`` gives (``pid``, ``stdout``, ``wait``, ``returncode``),
+    without the new interpreter's import of torch, which this process has done already: 2 of the 5
+    seconds a launch took on the course's 2-core machine. The workers are new interpreters as
+    before, started by the agent."""
 
     def __init__(self, args: list[str], env: dict):
         env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
@@ -345,7 +347,7 @@ class _ForkedTorchrun:
                               errors="backslashreplace")
             os.environ.clear()
             os.environ.update(env)
-            from dpcourse.torchrun import main
+            from dpcourse.lab.torchrun import main
             sys.argv = ["torchrun", *args]
             code = main()
         except BaseException:  # noqa: BLE001 - said on the pipe, as an agent that failed to start
@@ -405,10 +407,11 @@ def _relative(path) -> str:
         return str(path)
 
 
-STUB = "Exercise: see the hint above"  # what every exercise stub says (dpcourse.course writes them)
+# what every exercise stub says (dpcourse.kit.course writes them)
+STUB = "Exercise: see the hint above"
 # A lab, a job script or a notebook cell that met a stub says so in one of these ways: Python's
-# traceback ("NotImplementedError: Exercise: see the hint above"), dpcourse.explain's excepthook on
-# a rank in a process group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This
+# traceback ("NotImplementedError: Exercise: see the hint above"), dpcourse.lab.explain's excepthook
+# on a rank in a process group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This
 # exercise of the lab is not done yet ...'), a lab's own verdict
 # ("f: not done yet — NotImplementedError: Exercise: see the hint above"), a job script's echo, or
 # a cell's own NotImplementedError("Exercise: ...") (run_ok's below).
@@ -418,7 +421,7 @@ _NOT_DONE = re.compile(rf"{re.escape(STUB)}|NotImplementedError: Exercise:")
 def not_done(said: str | list[str]) -> bool:
     """Whether ``said`` (a text or its lines: a lab's output, a job's, an error's message) shows an
     exercise that is not done yet. The one recognition of a stub: ``run_ok``, the notebooks' checks
-    and ``make check`` (dpcourse.course) all ask it."""
+    and ``make check`` (dpcourse.kit.course) all ask it."""
     return bool(_NOT_DONE.search(said if isinstance(said, str) else "\n".join(said)))
 
 

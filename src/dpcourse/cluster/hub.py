@@ -1,6 +1,6 @@
 """The room's hub (room/jupyterhub_config.py): its settings, each learner's Slurm job, and a demo.
 
-    python -m dpcourse.hub prepare          # in a learner's job: ~/dpcourse, their copy, if missing
+    python -m dpcourse.cluster.hub prepare  # in a learner's job: ~/dpcourse, their copy, if missing
     make room-demo                          # (as root) a local two-node Slurm, three test learners
                                             # and the hub on http://127.0.0.1:8000, until Ctrl-C
 
@@ -8,7 +8,7 @@
 idle timeout, .venv or container); each field can also come from DPCOURSE_HUB_<FIELD>. The hub
 submits ``BATCH_SCRIPT`` as the learner (batchspawner's SlurmSpawner, through sudo -u), with
 ``Settings.prologue()`` before the server: the course's environment, the learner's own copy of
-the course, and where `make check` leaves its records for the live view (dpcourse.room).
+the course, and where `make check` leaves its records for the live view (dpcourse.cluster.room).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from .paths import project_root
+from dpcourse.lab.paths import project_root
 
 # What a learner's copy holds (copied once, at their first start): what they read, run and edit.
 LEARNER_TREE = ("README.md", "Makefile", "pyproject.toml", "environment.yml", "notebooks", "labs",
@@ -169,7 +169,8 @@ class Settings:
             if value:
                 lines.append(f"export {name}={shlex.quote(value)}")
         course = shlex.quote(str(self.course))
-        lines.append(f"{self._in_container()}python -m dpcourse.hub prepare --course {course}")
+        lines.append(f"{self._in_container()}python -m dpcourse.cluster.hub prepare "
+                     f"--course {course}")
         return "\n".join(lines)
 
     def singleuser_wrapper(self) -> str:
@@ -261,7 +262,7 @@ def sudoers(service_user: str, groups, which=shutil.which) -> str:
     # no aliases: sudo keeps the first definition of an alias name, so a second room's rule that
     # reused one would give its hub the first room's learners
     return f"""\
-# /etc/sudoers.d/{service_user} (0440 root:root), from: python -m dpcourse.hub sudoers
+# /etc/sudoers.d/{service_user} (0440 root:root), from: python -m dpcourse.cluster.hub sudoers
 # The room's hub runs as {service_user} and submits, watches and cancels each learner's JupyterLab
 # as that learner: the members of {", ".join(groups)}, never root. Nothing else.
 Defaults:{service_user} env_keep += "SLURM_CONF"
@@ -459,7 +460,7 @@ def demo(learners: int = 3, port: int = 8000) -> int:
     """A room on this machine: a two-node Slurm, ``learners`` local accounts with fresh passwords,
     and the hub. Ctrl-C stops the hub, cancels the learners' jobs, and removes the accounts: only
     what the demo started."""
-    from . import localslurm
+    from dpcourse.cluster import localslurm
 
     if os.geteuid() != 0:
         print("make room-demo runs as root: it starts Slurm and adds local accounts "
@@ -486,7 +487,9 @@ def demo(learners: int = 3, port: int = 8000) -> int:
                    "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
                    "DPCOURSE_HUB_ROOM_RECORDS": str(state / "records"),
                    "DPCOURSE_DATA": str(course / "data")}
-            from . import room as rooms  # the live view's records: each learner's own folder
+            from dpcourse.cluster import (
+                room as rooms,  # the live view's records: each learner's own folder
+            )
             shutil.rmtree(state / "records", ignore_errors=True)  # a past demo's learners are gone
             rooms.setup(state / "records", users=names)
             hub = start_hub(course, env, state / "hub.log", user=room.service)
@@ -495,7 +498,7 @@ def demo(learners: int = 3, port: int = 8000) -> int:
             for n in names:
                 print(f"    {n}  password {passwords[n]}")
             print(f"\nEach learner's server is a Slurm job on the local nodes (squeue: SLURM_CONF="
-                  f"{cluster.conf} squeue). The live view: python -m dpcourse.course room "
+                  f"{cluster.conf} squeue). The live view: python -m dpcourse.kit.course room "
                   f"{state / 'records'}\nCtrl-C stops the hub, the jobs and the accounts.",
                   flush=True)
             hub.wait()
@@ -513,7 +516,8 @@ def demo(learners: int = 3, port: int = 8000) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpcourse.hub", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dpcourse.cluster.hub",
+                                description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="the learner's own copy of the course, if missing")
     prep.add_argument("--course", type=Path, required=True, help="the checkout to copy from")

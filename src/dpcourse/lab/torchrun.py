@@ -1,12 +1,12 @@
-"""``python -m dpcourse.torchrun ARGS``: torchrun itself (``torch.distributed.run``), run as
+"""``python -m dpcourse.lab.torchrun ARGS``: torchrun itself (``torch.distributed.run``), run as
 ``torchrun ARGS`` runs it, that leaves without the interpreter's teardown once it has finished.
 
-``dpcourse.launch.torchrun`` starts this instead of ``python -m torch.distributed.run``. By the time
-torchrun's ``main()`` returns, its workers have exited and it has said everything it will say; what
-is left is Python tearing down the torch that the agent imported, about a quarter of a second per
-launch on the course's 2-core machine, and the notebooks and tests launch torchrun hundreds of
-times. The exit status is torchrun's own; an error it raises is printed as Python would print it.
-The workers, which run the labs, exit normally.
+``dpcourse.explore.launch.torchrun`` starts this instead of ``python -m torch.distributed.run``. By
+the time torchrun's ``main()`` returns, its workers have exited and it has said everything it will
+say; what is left is Python tearing down the torch that the agent imported, about a quarter of a
+second per launch on the course's 2-core machine, and the notebooks and tests launch torchrun
+hundreds of times. The exit status is torchrun's own; an error it raises is printed as Python would
+print it. The workers, which run the labs, exit normally.
 """
 import os
 import runpy

@@ -9,12 +9,15 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .optim import REFERENCE_BATCH, warmup_then_decay  # the labs' own, for notebook 08's explorers
+from dpcourse.lab.optim import (  # the labs' own, for notebook 08's explorers
+    REFERENCE_BATCH,
+    warmup_then_decay,
+)
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
 
-# Set by dpcourse.course.execute in the kernels it starts (make course, make check, tests); a kernel
-# that nbval starts inherits pytest's own PYTEST_CURRENT_TEST instead
+# Set by dpcourse.kit.course.execute in the kernels it starts (make course, make check, tests); a
+# kernel that nbval starts inherits pytest's own PYTEST_CURRENT_TEST instead
 # (pytest sets it while a test runs).
 UNDER_TEST = "DPCOURSE_UNDER_TEST"
 
@@ -221,7 +224,7 @@ def allreduce_explorer(alpha: float = 5e-5, beta: float = 1e-9, gamma: float = 0
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from .allreduce import cost, fmt_bytes, model_table, winner
+    from dpcourse.lab.allreduce import cost, fmt_bytes, model_table, winner
 
     style = dict(continuous_update=False, style={"description_width": "80px"})
     P = w.IntSlider(value=4, min=2, max=64, description="P", **style)
@@ -264,12 +267,21 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
     """Model, workers, precision and GPU; bars of what one worker holds under DDP and each ZeRO
     stage (weights, gradients, optimizer state, stacked on a linear axis, each bar's total written
     on it), the GPU's memory as a line, and one line per stage saying whether it fits and what
-    it sends per step (notebook 13); the figures come from ``dpcourse.memory``."""
+    it sends per step (notebook 13); the figures come from ``dpcourse.explore.memory``."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from .memory import BYTES, GPUS, MODELS, STAGE_NAMES, STAGES, explain, human, per_worker
+    from dpcourse.explore.memory import (
+        BYTES,
+        GPUS,
+        MODELS,
+        STAGE_NAMES,
+        STAGES,
+        explain,
+        human,
+        per_worker,
+    )
 
     wide = {"style": {"description_width": "initial"}}
     preset = w.Dropdown(options=list(MODELS), value=model, description="model", **wide)

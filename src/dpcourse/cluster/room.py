@@ -1,12 +1,13 @@
 """The instructor's live view of a room: who is stuck where.
 
-Each learner's ``make check ROOM=DIR`` (or ``python -m dpcourse.course check --room DIR``, or
+Each learner's ``make check ROOM=DIR`` (or ``python -m dpcourse.kit.course check --room DIR``, or
 $DPCOURSE_ROOM) leaves one small record per exercise in DIR, a folder on a file system that the
 instructor and the learners share. The instructor (as root) makes the room once, then reads it:
 
-    python -m dpcourse.course room DIR --setup --group GROUP   # as root: DIR, one folder a learner
-    python -m dpcourse.course room DIR                    # a table in the terminal
-    python -m dpcourse.course room DIR --html room.html   # a page that reloads itself every 15 s
+    # as root: DIR, one folder a learner
+    python -m dpcourse.kit.course room DIR --setup --group GROUP
+    python -m dpcourse.kit.course room DIR                   # a table in the terminal
+    python -m dpcourse.kit.course room DIR --html room.html  # a page that reloads itself every 15 s
 
 which shows a grid of learner × exercise, how many pass each exercise, and the failure messages that
 most learners meet.
@@ -120,7 +121,7 @@ def _own_folder(room, name: str) -> int:
                           "folder") from None
     except PermissionError:
         raise _NotWritten("you may not enter that folder: ask the instructor to run the room's "
-                          "set-up (python -m dpcourse.course room DIR --setup)") from None
+                          "set-up (python -m dpcourse.kit.course room DIR --setup)") from None
     try:
         try:
             st = os.stat(name, dir_fd=top, follow_symlinks=False)
@@ -130,7 +131,7 @@ def _own_folder(room, name: str) -> int:
             except PermissionError:
                 raise _NotWritten(f"you have no folder there ({name}/) and may not make one: ask "
                                   "the instructor to run the room's set-up (python -m "
-                                  "dpcourse.course room DIR --setup)") from None
+                                  "dpcourse.kit.course room DIR --setup)") from None
             fd = os.open(name, _DIR, dir_fd=top)
             os.fchmod(fd, 0o750)  # its own new folder: the instructor reads it, not the others
             return fd
@@ -583,7 +584,7 @@ def setup(room: str | os.PathLike, group: str | None = None, users=(),
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dpcourse.course room", description=__doc__.split("\n")[0],
+        prog="python -m dpcourse.kit.course room", description=__doc__.split("\n")[0],
         epilog="The view reads the learners' folders: run it as root (sudo) or, when the set-up "
                "was given --readers-group READERS, as a member of READERS. The learners never "
                "read one another's records.")
@@ -624,15 +625,15 @@ def main(argv: list[str] | None = None) -> int:
                   "root_squash, needs its set-up where root is root)", file=sys.stderr)
             return 1
         print(f"The learners give make check ROOM={args.room}; the view: python -m "
-              f"dpcourse.course room {args.room} (as root"
+              f"dpcourse.kit.course room {args.room} (as root"
               + (f" or a member of {args.readers_group})" if args.readers_group else ")"))
         return 0
     if args.group or args.user or args.readers_group:
         p.error("--group, --user and --readers-group belong to --setup")
     if not args.room.is_dir():
         print(f"No room at {args.room}: make it (as root, on a file system the learners share) "
-              f"with python -m dpcourse.course room {args.room} --setup --group GROUP, and give it "
-              "to the learners as make check ROOM=...", file=sys.stderr)
+              f"with python -m dpcourse.kit.course room {args.room} --setup --group GROUP, "
+              "and give it to the learners as make check ROOM=...", file=sys.stderr)
         return 1
     while True:
         try:

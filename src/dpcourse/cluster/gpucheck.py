@@ -1,11 +1,11 @@
 """make gpu-check: what one GPU node gives the course, in one table, the week before a workshop.
 
     srun --gpus-per-node=N --cpus-per-gpu=8 --time=30:00 make gpu-check   # on a GPU node
-    python -m dpcourse.gpucheck --json build/gpu-check.json
+    python -m dpcourse.cluster.gpucheck --json build/gpu-check.json
 
 On the GPUs this process sees (one process per GPU, each launch through torchrun) it runs:
 
-    doctor     python -m dpcourse.doctor, its two-process all-reduce included
+    doctor     python -m dpcourse.cluster.doctor, its two-process all-reduce included
     nccl       all_reduce bus bandwidth of a 256 MiB float32 tensor (nccl-tests' definition:
                bytes / time × 2(n − 1)/n), over NCCL; needs 2 GPUs
     fashion    labs/fashion_ddp.py on every GPU to 90 % test accuracy: the time it took
@@ -39,12 +39,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dpcourse.explore.launch import Run, _cause, job_cores, lab, python, torchrun
+
 # absolute imports: the bandwidth check runs this file as a script under torchrun
-from dpcourse import dist as ddp_env
-from dpcourse.data import ensure_fashion_mnist
-from dpcourse.errors import CourseError
-from dpcourse.launch import Run, _cause, job_cores, lab, python, torchrun
-from dpcourse.paths import project_root
+from dpcourse.lab import world
+from dpcourse.lab.data import ensure_fashion_mnist
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.paths import project_root
 
 MIB = 2**20
 
@@ -118,9 +119,9 @@ def _last(run: Run, event: str | None = None) -> dict:
 def doctor(c: Checker):
     # rehearsing: the all-reduce is the nccl check's
     args = ["--skip-allreduce"] if c.rehearsal else []
-    c._commands.append(" ".join(["python -m dpcourse.doctor", *args]))
-    done = subprocess.run([sys.executable, "-m", "dpcourse.doctor", *args], capture_output=True,
-                          text=True, timeout=300, cwd=c.root)
+    c._commands.append(" ".join(["python -m dpcourse.cluster.doctor", *args]))
+    done = subprocess.run([sys.executable, "-m", "dpcourse.cluster.doctor", *args],
+                          capture_output=True, text=True, timeout=300, cwd=c.root)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     if done.returncode != 0:
         problems = [line for line in lines if "✗" in line] or lines[-1:]
@@ -192,7 +193,7 @@ def _jpeg_set(dest: Path, images: int, rehearsal: bool) -> Path:
     """An ImageFolder (train/, val/) with at least ``images`` training files: 400 drawn JPEGs of
     256 px (4 of 48 px rehearsing), hard-linked over and over (cheap: no more drawing, no more
     disk)."""
-    from dpcourse.images import make_imagefolder
+    from dpcourse.lab.images import make_imagefolder
 
     classes, drawn = (4, 1) if rehearsal else (100, 4)
     make_imagefolder(dest, classes=classes, per_class=drawn, val_per_class=1,
@@ -260,9 +261,9 @@ CHECKS = {"doctor": doctor, "nccl": nccl, "fashion": fashion, "resnet50": resnet
 # -------------------------------------------------------------------------- the bandwidth worker
 def busbw_worker(args) -> None:
     """One rank of the bandwidth check: time all_reduce of a float32 tensor, rank 0 logs it."""
-    from dpcourse.metrics import JsonLog
+    from dpcourse.lab.metrics import JsonLog
 
-    env = ddp_env.prepare(args.backend, args.device)
+    env = world.prepare(args.backend, args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
@@ -300,7 +301,7 @@ def describe_node(rehearsal: bool) -> dict:
             if not rehearsal else [])
     return {"node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "gpus": gpus,
             "torch": torch.__version__, "cuda": torch.version.cuda,
-            "driver": ddp_env._driver() if gpus else None, "rehearsal": rehearsal}
+            "driver": world._driver() if gpus else None, "rehearsal": rehearsal}
 
 
 def table(node: dict, results: list[Result]) -> str:
@@ -317,7 +318,7 @@ def table(node: dict, results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpcourse.gpucheck",
+    p = argparse.ArgumentParser(prog="python -m dpcourse.cluster.gpucheck",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--json", default=None,
                    help="write the figures here (make gpu-check: build/gpu-check.json)")
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown check(s) {', '.join(sorted(unknown))}: choose from {', '.join(CHECKS)}")
     if not args.cpu_rehearsal and not torch.cuda.is_available():
-        print(f"make gpu-check needs a GPU, and none is usable here: {ddp_env.why_no_gpu()}. "
+        print(f"make gpu-check needs a GPU, and none is usable here: {world.why_no_gpu()}. "
               "Run it on a GPU node, e.g. srun --gpus-per-node=4 --cpus-per-gpu=8 --time=30:00 "
               "make gpu-check (with your account and partition).", file=sys.stderr)
         return 2

@@ -10,9 +10,10 @@ A data root holds ``train/`` and ``val/``, each in one of two layouts:
   sits in which tar) and ``shards.json`` (class names, files). A few large files: one open per
   shard, then plain reads at known offsets, so the usual ``DistributedSampler`` still works.
 
-    python -m dpcourse.data make-imagefolder data/imagenet-mini   # small, learnable, no download
-    python -m dpcourse.data make-shards data/imagenet-mini data/imagenet-mini-shards
-    python -m dpcourse.data stage data/imagenet-mini-shards "$TMPDIR/imagenet"   # node-local copy
+    python -m dpcourse.lab.data make-imagefolder data/imagenet-mini  # small, learnable, no download
+    python -m dpcourse.lab.data make-shards data/imagenet-mini data/imagenet-mini-shards
+    # node-local copy
+    python -m dpcourse.lab.data stage data/imagenet-mini-shards "$TMPDIR/imagenet"
 
 Both datasets return (uint8 image [3, H, W], class) after a random-resized crop and flip (train)
 or a resize and centre crop (val); the float conversion and normalisation happen on the device,
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .errors import CourseError
+from dpcourse.lab.errors import CourseError
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet's, per RGB channel, pixels in [0, 1]
 STD = (0.229, 0.224, 0.225)
@@ -177,7 +178,8 @@ def layout(split_dir) -> str:
     raise CourseError(f"{split_dir}: neither class folders (ImageFolder) nor tar shards "
                       f"({SHARDS_JSON}). --data-root must hold train/ and val/; "
                       "for a small tree to practise on, run\n"
-                      "    .venv/bin/python -m dpcourse.data make-imagefolder data/imagenet-mini")
+                      "    .venv/bin/python -m dpcourse.lab.data make-imagefolder "
+                      "data/imagenet-mini")
 
 
 # ------------------------------------------------------------------------ node-local staging
@@ -577,7 +579,7 @@ def _worker_start():
     then waits on forever. torch, torchvision and this module are imported once in the server, not
     once per worker."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torchvision", "dpcourse.images"])
+    context.set_forkserver_preload(["torch", "torchvision", "dpcourse.lab.images"])
     return context
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
-from .errors import CourseError
-from .metrics import read_log
+from dpcourse.lab.errors import CourseError
+from dpcourse.lab.metrics import read_log
 
 COLORS = {"strong": "C0", "weak": "C1"}
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
@@ -24,7 +24,8 @@ LABELS = {"elapsed_s": "seconds of training", "epoch": "epoch", "step": "step",
 
 
 def scaling(rows: list[dict], ax=None):
-    """Throughput, speedup and efficiency vs K, strong and weak, from ``dpcourse.scaling.table``.
+    """Throughput, speedup and efficiency vs K, strong and weak, from
+    ``dpcourse.explore.scaling.table``.
 
     Dashed: the ideal (throughput K × T(1), speedup K, efficiency 1). Hollow markers and the
     grey band: oversubscribed runs (more threads than cores). Incomplete runs are left out.

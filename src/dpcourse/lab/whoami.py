@@ -2,8 +2,8 @@
 
 torchrun (RANK, LOCAL_RANK, WORLD_SIZE, ...), srun (SLURM_PROCID, SLURM_LOCALID,
 SLURM_STEP_NUM_TASKS, ...), mpirun (OMPI_COMM_WORLD_*), horovodrun (HOROVOD_*), or none (one
-process). Only reads variables: it starts nothing and talks to nobody (dpcourse.dist does, with what
-it finds here).
+process). Only reads variables: it starts nothing and talks to nobody (dpcourse.lab.world does, with
+what it finds here).
 """
 from __future__ import annotations
 

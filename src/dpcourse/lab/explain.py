@@ -21,7 +21,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from .whoami import env_info
+from dpcourse.lab.whoami import env_info
 
 
 def _report_threads_at_exit() -> None:

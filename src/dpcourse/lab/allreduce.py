@@ -1,14 +1,15 @@
 """AllReduce six ways, over ``torch.distributed`` send/recv only, and what each one costs.
 
-    from dpcourse.allreduce import ALGORITHMS, cost
+    from dpcourse.lab.allreduce import ALGORITHMS, cost
     ALGORITHMS["ring"](t)   # sums t in place across the default group, like dist.all_reduce(t)
     cost("ring", P=4, nbytes=2**26, alpha=5e-5, beta=1e-9)   # seconds, by the α-β model
 
-    torchrun --nproc-per-node 3 -m dpcourse.allreduce bench --algo all --sizes 1KiB:64MiB:4 \
+    torchrun --nproc-per-node 3 -m dpcourse.lab.allreduce bench --algo all --sizes 1KiB:64MiB:4 \
         --json out.jsonl
-    torchrun --nproc-per-node 3 -m dpcourse.allreduce check \
+    torchrun --nproc-per-node 3 -m dpcourse.lab.allreduce check \
         # every algorithm against dist.all_reduce
-    torchrun --nproc-per-node 4 -m dpcourse.allreduce check --ranks-per-node 2   # as 2 nodes of 2
+    torchrun --nproc-per-node 4 -m dpcourse.lab.allreduce check --ranks-per-node 2
+        # as 2 nodes of 2
     (on GPUs add --backend nccl; the module file also runs as a script: python .../allreduce.py)
 
 The algorithms (P ranks, a message of M bytes):
@@ -268,10 +269,10 @@ def halving_doubling(flat, rank, P):
 
 def ranks_per_node(P: int) -> int:
     """G, the ranks that share a node: ``DPCOURSE_RANKS_PER_NODE`` if set (to pretend, on one
-    machine, that it is several), else what the launcher says (``dpcourse.dist.env_info``:
+    machine, that it is several), else what the launcher says (``dpcourse.lab.world.env_info``:
     torchrun's LOCAL_WORLD_SIZE, srun's tasks on this node, mpirun's local size), else P.
     G must divide P."""
-    from dpcourse.dist import env_info
+    from dpcourse.lab.world import env_info
 
     info = env_info()
     G = int(os.environ.get("DPCOURSE_RANKS_PER_NODE") or 0) or (
@@ -665,9 +666,9 @@ def repeats_for(nbytes: int, repeats: int) -> int:
 
 
 def _setup(args):
-    from dpcourse import dist as ddp_env
+    from dpcourse.lab import world
 
-    env = ddp_env.prepare(backend=args.backend, device=args.device)
+    env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
@@ -679,7 +680,7 @@ def _choose(names: str, extra=()) -> list[str]:
     """The algorithms named on the command line ("all": every one), checked before any process
     group exists: a typo, or ranks that do not divide into nodes, ends the run at once,
     said by rank 0."""
-    from dpcourse.dist import env_info, stop
+    from dpcourse.lab.world import env_info, stop
 
     algos = list(ALGORITHMS) + list(extra) if names == "all" else names.split(",")
     for a in algos:
@@ -697,7 +698,7 @@ def _agreed_ranks_per_node(P: int) -> int:
     """``ranks_per_node``, the same on every rank, or a stop: a launcher that put more ranks on one
     node than on another (srun with uneven tasks per node) has no G for the hierarchical
     all-reduce."""
-    from dpcourse.dist import env_info, stop
+    from dpcourse.lab.world import env_info, stop
 
     G = ranks_per_node(P)
     both = torch.tensor([G, -G], dtype=torch.int64)
@@ -717,13 +718,13 @@ def bench(args) -> int:
     rank 0 prints and logs."""
     from tqdm import tqdm
 
-    from dpcourse.dist import bar_off, env_info, stop
-    from dpcourse.metrics import JsonLog
+    from dpcourse.lab.metrics import JsonLog
+    from dpcourse.lab.world import bar_off, env_info, stop
 
     algos = _choose(args.algo, extra=("native",))
     if env_info().world_size < 2:
         stop(env_info(), "bench needs at least 2 ranks: "
-                         "torchrun --nproc-per-node 2 -m dpcourse.allreduce bench")
+                         "torchrun --nproc-per-node 2 -m dpcourse.lab.allreduce bench")
     env = _setup(args)
     rank, P = dist.get_rank(), dist.get_world_size()
     log = JsonLog(args.json if rank == 0 else None, world_size=P, backend=env.backend,
@@ -839,7 +840,7 @@ def check_cases(lengths, dtypes, device, log, verbose=False, algos=None) -> tupl
 
 def check(args) -> int:
     """``check_cases`` over lengths 1 … 65537 in float32 and float64 (and --large in float32)."""
-    from dpcourse.metrics import JsonLog
+    from dpcourse.lab.metrics import JsonLog
 
     algos = _choose(args.algo)
     env = _setup(args)
@@ -853,7 +854,7 @@ def check(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpcourse.allreduce",
+    parser = argparse.ArgumentParser(prog="python -m dpcourse.lab.allreduce",
                                      description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("bench", "check"):
