@@ -1,7 +1,8 @@
 """solutions/labs/ddp_by_hand.py: DDP by hand (naive, overlapped, bucketed), in real processes.
 
 --check must pass for 2 and 3 ranks, reject plausible wrong answers to both exercises, and stop
-at the student copy's stubs with their hint; the training mode must match torch's DDP.
+at the student copy's stubs with their hint; the training mode must match torch's DDP, and fail
+on every rank where a variant does not.
 """
 import itertools
 import json
@@ -123,6 +124,21 @@ def test_training_mode_matches_torch_ddp(tmp_path, fashion_root):
         assert r["event"] == "variant" and r["steps"] == 3 and r["world_size"] == 2, r
         assert r["max_abs_diff"] < 1e-5 and r["ms_per_step"] > 0, r
     assert result.stdout.count("max |Δweight| vs DDP") == 1  # rank 0's table, once
+    assert result.stdout.count("≤ --tolerance 1.0e-02: ok") == 1, result.stdout  # and its verdict
+
+
+def test_training_mode_fails_where_a_variant_ends_off_torch_ddp(fashion_root, tmp_path):
+    """The training mode's verdict is a check, not a display: a NaiveDDP that sums the gradients and
+    never divides them (a wrong exercise A) ends about 0.14 from torch's DDP after 3 steps, past the
+    default --tolerance of 1e-2, and the run ends non-zero with rank 0's verdict naming it."""
+    lab = tmp_path / "ddp_by_hand.py"
+    lab.write_text(with_answer("A", WRONG["A"]["summed, not divided by the world size"]))
+    result = run(torchrun_cmd(2, lab, "--steps", 3, "--global-batch-size", 64), timeout=120)
+    assert result.returncode != 0, result.stdout
+    verdict = re.findall(r"^(?:\[rank0\]:)?largest max \|Δweight\| (\S+) > --tolerance 1\.0e-02: "
+                         r"WRONG — NaiveDDP did not end on torch's DDP's weights$",
+                         result.stdout, re.M)
+    assert len(verdict) == 1 and float(verdict[0]) > 1e-2, result.stdout
 
 
 @pytest.mark.parametrize("wrong_a, wrong_b", PAIRS,

@@ -1,6 +1,7 @@
 """Notebook 13's labs outside the notebook: FSDP against DDP on 3 ranks (nbval runs the 2-rank
-comparison, the ZeRO-1 check on 2 and 3 ranks, the memory runs and both model-parallel parts), and
-the labs' refusals of a run that would prove nothing."""
+comparison, the ZeRO-1 check on 2 and 3 ranks, the memory runs and both model-parallel parts), the
+comparison's failure where FSDP ends off DDP's weights, and the labs' refusals of a run that would
+prove nothing."""
 import json
 import re
 import sys
@@ -30,7 +31,29 @@ def test_fsdp_matches_ddp_within_the_stated_tolerance_on_3_ranks(tmp_path, fashi
     compared = [json.loads(line) for line in log.read_text().splitlines()][-1]
     assert compared["event"] == "compare" and compared["world_size"] == 3
     assert compared["max_rel_loss_diff"] <= 1e-5 and compared["max_abs_diff"] <= 1e-4, compared
+    assert compared["ok"] and compared["tolerance"] == 1e-4, compared  # the lab's own verdict
     assert result.stdout.count("losses equal bit for bit") == 1  # rank 0 alone prints
+    assert result.stdout.count("≤ --tolerance 1.0e-04: ok") == 1, result.stdout
+
+
+def test_fsdp_that_ends_off_ddp_fails_the_comparison(tmp_path, fashion_root):
+    """The comparison is a check, not a display. Without the root's fully_shard, GroupNorm's weights
+    stay whole on each rank and their gradients are never averaged: FSDP ends about 5e-3 from DDP
+    after 3 steps on 2 ranks, past the default --tolerance of 1e-4, and the run ends non-zero with
+    rank 0's verdict."""
+    text = (LABS / "fsdp_fashion.py").read_text()
+    root = re.compile(r"^    fully_shard\(model, mesh=mesh\).*$", re.M)
+    assert len(root.findall(text)) == 1, "fsdp_fashion.py should shard the root once"
+    lab, log = tmp_path / "fsdp_fashion.py", tmp_path / "log.jsonl"
+    lab.write_text(root.sub("    pass  # the root unsharded: GroupNorm's weights per rank", text))
+    result = run(torchrun_cmd(2, lab, "--deterministic", "--steps", 3, "--data-root", fashion_root,
+                              "--log-json", log), timeout=120)
+    assert result.returncode != 0, result.stdout
+    verdict = re.findall(r"^(?:\[rank0\]:)?max \|Δweight\| vs DDP (\S+) > --tolerance 1\.0e-04: "
+                         r"WRONG — FSDP did not end on DDP's weights$", result.stdout, re.M)
+    assert len(verdict) == 1 and float(verdict[0]) > 1e-4, result.stdout
+    compared = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    assert compared["event"] == "compare" and compared["ok"] is False, compared
 
 
 @pytest.mark.parametrize("script, says",
