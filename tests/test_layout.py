@@ -87,6 +87,43 @@ def test_a_lab_imports_only_what_a_lab_imports():
     assert bad == []
 
 
+def reads_a_command_line(library: Path) -> list[str]:
+    """Functions of ``dpcourse.lab`` (what the labs call) that take a lab's argparse namespace (a
+    parameter named ``args``, or ``getattr(args, ...)``), in modules that do not parse a command
+    line of their own."""
+    found = []
+    for path in sorted((library / "lab").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        if any(isinstance(node, ast.Attribute) and node.attr == "ArgumentParser"
+               for node in ast.walk(tree)):
+            continue  # its own command line (python -m dpcourse.lab.data, ...allreduce)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                if "args" in names:
+                    found.append(f"{path.relative_to(library)}:{node.lineno}: {node.name}(args)")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "getattr" and node.args
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id == "args"):
+                found.append(f"{path.relative_to(library)}:{node.lineno}: getattr(args, ...)")
+    return found
+
+
+def test_the_library_takes_values_not_a_lab_s_args():
+    """A lab hands the library named values; the library never reads the lab's command line
+    (a module that parses its own, like ``python -m dpcourse.lab.allreduce``, reads its own)."""
+    assert reads_a_command_line(LIBRARY) == []
+
+
+def test_the_values_check_finds_a_function_that_reads_args(tmp_path):
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "mod.py").write_text(
+        "def batch_sizes(args, world_size):\n    return args.batch_size\n"
+        "def accumulate(ns):\n    return getattr(args, 'accumulate', 1)\n")
+    assert reads_a_command_line(tmp_path) == ["lab/mod.py:1: batch_sizes(args)",
+                                              "lab/mod.py:4: getattr(args, ...)"]
+
+
 def test_no_module_takes_a_name_torch_distributed_gives():
     clash = [p.relative_to(LIBRARY).as_posix() for p in LIBRARY.rglob("*.py")
              if p.stem in TORCH_NAMES]

@@ -1,6 +1,7 @@
 """Every distributed call in the labs carries its mark: the course's rule is that each line that
-exists because of distribution says why, in a comment `# DDP: <reason>` (`# FSDP: …`, `# Horovod: …`
-where those apply), on the line itself or on a comment-only line directly above.
+exists because of distribution says why, in a comment `# DDP: <reason>` (`# ZeRO: …`, `# FSDP: …`,
+`# Horovod: …` where those are the reason), on the line itself or on a comment-only line directly
+above.
 
 The calls are found with tokenize, so strings, docstrings and comments never count: `dist.<name>…(`
 and `hvd.<name>…(` (not `dist.ReduceOp.SUM`, not a bare `hvd.allgather_object` passed as a value),
@@ -20,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
-MARK = re.compile(r"#\s*(DDP|FSDP|Horovod):\s*\S")
-BARE = re.compile(r"#\s*(DDP|FSDP|Horovod)\b(?!:\s*\S)")  # a mark without its colon and reason
+MARK = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod):\s*\S")
+# a mark without its colon and reason
+BARE = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod)(?![-\w])(?!:\s*\S)")
 SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
         tokenize.ENCODING, tokenize.ENDMARKER}
 MODULES = {"dist", "hvd"}  # dist.<name>…( and hvd.<name>…(

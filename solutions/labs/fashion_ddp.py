@@ -1,20 +1,17 @@
 """Train the course CNN on FashionMNIST with DistributedDataParallel (DDP).
 
+    source .venv/bin/activate                                                # the course's Python
     python solutions/labs/fashion_ddp.py                                     # one process
     torchrun --standalone --nproc-per-node 2 solutions/labs/fashion_ddp.py   # two processes here
     srun --ntasks 2 python solutions/labs/fashion_ddp.py                     # two Slurm tasks
     mpirun -np 2 python solutions/labs/fashion_ddp.py                        # two Open MPI ranks
 
-(Activate the course's environment first: source .venv/bin/activate.)
-
-Every rank trains a replica of the model on its own shard of each global batch; DDP averages
-the gradients during backward, so the replicas stay identical. Rank 0 prints, writes the
-JSON-lines log (--log-json) and the checkpoints; the test set is split between the ranks and
-their counts are summed, so every one of the 10,000 test images is counted exactly once.
-Every line that exists because of distribution is marked `# DDP:`.
-
-First reading: main() tells the story and splits the data (the DistributedSampler); DDP averages
-the gradients in Trainer.run_step(); rank 0 saves in Trainer.save(); skip send_less().
+Each rank trains a replica of the model on its own shard of each global batch; DDP averages the
+gradients during backward, so the replicas stay identical. Rank 0 prints, logs (--log-json) and
+checkpoints; the ranks split the test set and sum their counts: each test image counts once. Every
+line there because of distribution is marked `# DDP:`. First reading: main() splits the data and
+scales the learning rate (scaled_lr); Trainer.run_step(): DDP averages the gradients; .save(): rank
+0 saves; .after_step(): all ranks agree to stop; skip send_less().
 """
 import argparse
 import math
@@ -86,8 +83,7 @@ def evaluate(model, test_set, env, dtype=torch.float32, batch=1000):
     return loss_sum / count, correct / count, int(count)
 
 
-def unwrap(model):
-    """The plain module inside a DDP wrapper (what a checkpoint stores)."""
+def unwrap(model):  # the plain module inside a DDP wrapper (what a checkpoint stores)
     return model.module if isinstance(model, DDP) else model
 
 
@@ -176,7 +172,7 @@ class Trainer:
 
     def after_step(self, i):
         """A checkpoint, evaluation or log record when one is due; why training stops, or None."""
-        args, step, device = self.args, self.progress["step"], self.env.device
+        args, step = self.args, self.progress["step"]
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
         stop = None
@@ -185,8 +181,9 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
-        # DDP: all ranks stop after the same step (an all-reduce: a signal anywhere, rank 0's clock)
-        return stop or training.should_stop(args, step, self.log.elapsed(), self.caught, device)
+        votes = training.stop_votes(self.env, self.log.elapsed(), args.time_budget, self.caught)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: all stop after the same step: MAX wins
+        return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def test(self):
         """Test the model (not with --no-eval): 'target_accuracy' once it reaches the target."""
@@ -231,7 +228,8 @@ class Trainer:
         untested = self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]
         if stop != "signal" and untested:  # not in a time-limit warning's last seconds
             self.test()  # stopped mid-epoch: test what we have
-        spread = training.replica_spread(unwrap(self.model))  # DDP: 0.0: the replicas stayed alike
+        spread = training.replicas_max_diff(  # DDP: 0.0: alike (rank 0's broadcast, then a MAX)
+            unwrap(self.model), training.broadcast_from_rank0, training.max_over_ranks)
         final = self.record("done", test_images=self.test_images, stop=stop,
                             replicas_max_diff=spread)
         if env.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
@@ -250,9 +248,8 @@ class Trainer:
 
 
 def send_less(args, model, timer, step):
-    """(notebook 08) How DDP sends each bucket of gradients (--comm-hook), and post-local SGD's
-    model averager (--local-sgd; None without it). Skip this on a first reading."""
-    state, hook = training.comm_hook(args)  # torch's hooks: fp16, bf16, PowerSGD; or None
+    """(notebook 08) How DDP sends each bucket (--comm-hook); local SGD's averager, or None."""
+    state, hook = training.comm_hook(args.comm_hook, args.powersgd_rank, args.powersgd_start)
     if hook or args.time_split:  # DDP: what DDP does with each bucket of gradients
         model.register_comm_hook(state, timer.timed(hook or default_hooks.allreduce_hook))
     if not args.local_sgd:
@@ -268,8 +265,10 @@ def main(args):
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     device, stop = env.device, partial(world.stop, env)  # stop(why): rank 0 says it, all exit
-    batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: × world size
-    training.check_options(args, world_size, batch, stop, device)  # e.g. --no-ddp on 2 ranks
+    batch, global_batch = training.batch_sizes(args.batch_size, args.global_batch_size,
+                                               world_size, stop)  # DDP: × world size
+    training.check_options(world_size, batch, stop, args.no_eval, args.target_accuracy,  # e.g.
+                           args.comm_hook, args.accumulate, device, no_ddp=args.no_ddp)  # --no-ddp
     dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP copies rank 0's anyway)
 
@@ -303,8 +302,9 @@ def main(args):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup))  # then to 0
     config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # to resume
     # DDP: every rank loads the same checkpoint (--resume), so that the replicas go on alike
-    progress = training.resume(args, config, stop, device, model=model, optimizer=opt,
-                               scheduler=sched)
+    checkpoint = training.resume_path(args.resume, args.checkpoint_dir)  # or None: from step 0
+    progress = training.resume(checkpoint, config, stop, device, args.epochs, args.max_steps,
+                               model=model, optimizer=opt, scheduler=sched)
     if progress is None:  # --resume names the checkpoint of a finished run: nothing to do
         return cleanup()
     timer = StepTimer(device, enabled=args.time_split)  # where the time goes (notebook 07)
@@ -319,7 +319,7 @@ def main(args):
         averager = send_less(args, model, timer, progress["step"])  # notebook 08
 
     log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs, no one else
-                            args, progress, steps_per_epoch, world_size=world_size,
+                            progress, steps_per_epoch, checkpoint, world_size=world_size,
                             global_batch=global_batch, peak_lr=lr, loader=args.loader,
                             ddp=not args.no_ddp, threads=torch.get_num_threads())
     if rank == 0:  # DDP: one rank talks

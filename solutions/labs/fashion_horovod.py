@@ -178,9 +178,9 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
-        # Horovod: all ranks stop after the same step (allreduce: a signal anywhere, rank 0's clock)
-        elapsed = self.log.elapsed()
-        return stop or training.should_stop(args, step, elapsed, self.caught, largest=largest)
+        votes = training.stop_votes(self, self.log.elapsed(), args.time_budget, self.caught)
+        votes = largest(votes, name="stop")  # Horovod: all stop after the same step: MAX wins
+        return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def test(self):
         """Test the model (not with --no-eval): 'target_accuracy' once it reaches the target."""
@@ -221,8 +221,8 @@ class Trainer:
         if stop != "signal" and untested:  # not in a time-limit warning's last seconds
             self.test()  # stopped mid-epoch: test what we have
         # Horovod: 0.0 if the replicas stayed alike (rank 0's weights broadcast; the worst rank's)
-        spread = training.replica_spread(self.model, largest, lambda t, name: hvd.broadcast(
-            t.cpu(), root_rank=0, name=name).to(t.device))
+        spread = training.replicas_max_diff(self.model, lambda t, name: hvd.broadcast(
+            t.cpu(), root_rank=0, name=name).to(t.device), largest)
         final = self.record("done", test_images=self.test_images, stop=stop,
                             replicas_max_diff=spread)
         if self.rank == 0:  # Horovod: rank 0 reports and saves; the others hold the same weights
@@ -243,11 +243,13 @@ def main(args):
     caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
     device = setup(args)
     rank, world_size = hvd.rank(), hvd.size()  # Horovod: who am I, how many are we?
-    batch, global_batch = training.batch_sizes(args, world_size, stop)  # Horovod: × size
-    training.check_options(args, world_size, batch, stop)  # e.g. --no-hvd on two ranks
+    batch, global_batch = training.batch_sizes(args.batch_size, args.global_batch_size,
+                                               world_size, stop)  # Horovod: × size
+    training.check_options(world_size, batch, stop, args.no_eval, args.target_accuracy,  # e.g.
+                           accumulate=args.accumulate, no_hvd=args.no_hvd)  # --no-hvd on 2
     if args.adasum and not hvd.mpi_enabled():  # Horovod: Adasum needs its MPI controller
-        stop("--adasum needs Horovod's MPI controller: launch with mpirun or horovodrun --mpi "
-             "(and a Horovod built with MPI: horovodrun --check-build lists it).")
+        stop("--adasum needs Horovod's MPI controller: launch with mpirun or horovodrun --mpi (and "
+             "a Horovod built with MPI: horovodrun --check-build lists it).")
     dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
     torch.manual_seed(args.seed)  # the DDP lab's initial weights (and rank 0's are broadcast)
 
@@ -280,7 +282,7 @@ def main(args):
     progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0,
                 "global_batch": global_batch}
     config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # to resume
-    resume = training.resume_path(args)
+    resume = training.resume_path(args.resume, args.checkpoint_dir)
     if resume and rank == 0:  # Horovod: rank 0 reads the checkpoint; the broadcasts below share it
         progress = training.load_checkpoint(resume, config, stop, "cpu", model=model, optimizer=opt,
                                             scheduler=sched)
@@ -291,15 +293,14 @@ def main(args):
     progress = hvd.broadcast_object(progress, root_rank=0, name="progress")  # Horovod: rank 0's
     # Horovod: rank 0's schedule (a resumed one) to every rank
     sched.load_state_dict(hvd.broadcast_object(sched.state_dict(), root_rank=0, name="schedule"))
-    if resume and training.finished(progress, args):  # e.g. the same command run twice
+    if done := resume and training.finished(progress, args.epochs, args.max_steps):  # run twice
         if rank == 0:  # Horovod: one rank talks
             print(f"{resume} is the checkpoint of a finished run (step {progress['step']}, stopped "
-                  f"by {training.finished(progress, args)}): nothing to do. Delete it, or give "
-                  "another --checkpoint-dir, to train afresh.", flush=True)
+                  f"by {done}): nothing to do. Delete it, or give another --checkpoint-dir, to "
+                  "train afresh.", flush=True)
         return hvd.shutdown()  # Horovod: stop the background thread before returning
-
     # Horovod: rank 0 logs; the other ranks get a log that writes nothing
-    log = training.open_log(args.log_json if rank == 0 else None, args, progress, steps_per_epoch,
+    log = training.open_log(args.log_json if rank == 0 else None, progress, steps_per_epoch, resume,
                             world_size=world_size, global_batch=global_batch, peak_lr=lr,
                             loader="memory", framework="horovod", horovod=not args.no_hvd,
                             compression=args.compression, op="adasum" if args.adasum else "average",

@@ -1,7 +1,7 @@
 """Train a ResNet on ImageNet (or an ImageFolder tree, or its tar shards) with DDP.
 
-    # no ImageNet here? a small tree
-    python -m dpcourse.lab.data make-imagefolder data/imagenet-mini
+    source .venv/bin/activate                                      # the course's Python
+    python -m dpcourse.lab.data make-imagefolder data/imagenet-mini  # no ImageNet? a small tree
     torchrun --standalone --nproc-per-node 2 solutions/labs/imagenet_ddp.py \\
         --data-root data/imagenet-mini --arch resnet18 --image-size 64 --batch-size 16 --epochs 4
     torchrun --standalone --nproc-per-node 8 solutions/labs/imagenet_ddp.py \\
@@ -10,19 +10,16 @@
         --synthetic --max-steps 200                                # the GPU's speed alone
     sbatch slurm/imagenet.sbatch                                   # several nodes
 
-(Activate the course's environment first: source .venv/bin/activate.)
-
 The recipe of Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour": SGD with
 momentum, the learning rate scaled linearly with the global batch (0.1 per 256 images) after a
 gradual warm-up, no weight decay on BatchNorm and bias parameters, the last BatchNorm of each
 residual block starting at zero; plus label smoothing and a cosine decay. On GPUs: mixed
 precision (bf16 or fp16) and channels_last. Validation is exact: every validation image is
-counted once, top-1 and top-5. Rank 0 prints, logs (--log-json) and checkpoints.
-Every line that exists because of distribution is marked `# DDP:`.
-
-Reading it for the first time: main() at the bottom tells the whole story; Trainer.run_step() is
-one step, where DDP averages the gradients; Trainer.save() is where rank 0 saves. The sampler that
-splits the data is made in main(); make_datasets() and dpcourse.lab.images only read the images.
+counted once, top-1 and top-5. Rank 0 prints, logs (--log-json) and checkpoints. Every line that
+exists because of distribution is marked `# DDP:`. First reading: main() at the bottom tells the
+whole story; Trainer.run_step() is one step, where DDP averages the gradients; Trainer.save() is
+where rank 0 saves; Trainer.after_step() is where all ranks agree to stop. The sampler that splits
+the data is made in main(); make_datasets() and dpcourse.lab.images only read the images.
 """
 import argparse
 import time
@@ -214,8 +211,9 @@ class Trainer:
                 self.bar.set_postfix(img_s=rec["samples_per_s"], loss=rec["train_loss"])
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
-        # DDP: all ranks stop after the same step (an all-reduce: a signal anywhere, rank 0's clock)
-        return training.should_stop(args, step, self.log.elapsed(), self.caught, self.env.device)
+        votes = training.stop_votes(self.env, self.log.elapsed(), args.time_budget, self.caught)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: all stop after the same step: MAX wins
+        return training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def record(self, event, **fields):
         """Rank 0's log line: loss averaged over ranks and steps; throughput since the last record
@@ -248,9 +246,8 @@ class Trainer:
         self.bar.close()
         if self.window.steps:
             self.window.seconds += time.perf_counter() - self.start
-        testing = not (args.no_eval or args.synthetic)
+        testing = not (args.no_eval or args.synthetic)  # and stopped mid-epoch: test what we have
         if stop not in ("epochs", "signal") and self.progress["step_in_epoch"] and testing:
-            # stopped mid-epoch: test what we have
             self.tested = evaluate(args, unwrap(self.model), self.val_set, env, self.fmt, self.amp)
         final = self.record("done", stop=stop, flops_per_image=self.flops)
         if env.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
@@ -271,8 +268,10 @@ def main(args):
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     device, stop = env.device, partial(world.stop, env)  # stop(why): rank 0 says it, all exit
-    batch, global_batch = training.batch_sizes(args, world_size, stop)  # DDP: × world size
-    training.check_options(args, world_size, batch, stop)  # e.g. --no-ddp on two ranks
+    batch, global_batch = training.batch_sizes(args.batch_size, args.global_batch_size,
+                                               world_size, stop)  # DDP: × world size
+    training.check_options(world_size, batch, stop, args.no_eval, args.target_accuracy,
+                           no_ddp=args.no_ddp)  # e.g. --no-ddp on two ranks
     training.deterministic(args.deterministic, warn_only=True)  # resumed = uninterrupted
     torch.backends.cudnn.benchmark = not args.deterministic  # else: the fastest kernel per shape
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP copies rank 0's anyway)
@@ -304,15 +303,16 @@ def main(args):
     config = {"arch": args.arch, "classes": classes, "image_size": args.image_size,
               "world_size": world_size, "global_batch": global_batch}  # what a resume must match
     # DDP: every rank loads the same checkpoint (--resume), so that the replicas go on alike
-    progress = training.resume(args, config, stop, device, model=model, optimizer=opt,
-                               scheduler=sched, scaler=precision.scaler)
+    checkpoint = training.resume_path(args.resume, args.checkpoint_dir)  # or None: from step 0
+    progress = training.resume(checkpoint, config, stop, device, args.epochs, args.max_steps,
+                               model=model, optimizer=opt, scheduler=sched, scaler=precision.scaler)
     if progress is None:  # --resume names the checkpoint of a finished run: nothing to do
         return cleanup()
     if not args.no_ddp:
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: the wrap
 
     log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs, no one else
-                            args, progress, steps_per_epoch, world_size=world_size,
+                            progress, steps_per_epoch, checkpoint, world_size=world_size,
                             global_batch=global_batch, arch=args.arch, image_size=args.image_size,
                             peak_lr=lr, amp=precision.amp,
                             channels_last=precision.memory_format == torch.channels_last,
@@ -324,7 +324,7 @@ def main(args):
               f"{steps_per_epoch} steps per epoch, {env.backend} on {device}, amp "
               f"{log.common['amp']}, channels_last {log.common['channels_last']}{resumed}",
               flush=True)
-        training.warmup_note(args, lr)  # when --warmup-epochs is not below --epochs
+        training.warmup_note(args.warmup_epochs, args.epochs, lr)  # warm-up not below --epochs
     trainer = Trainer(args, env, model, opt, sched, precision=precision, sampler=sampler,
                       batch=batch, data=(train_set, val_set, fake), config=config,
                       progress=progress, log=log, caught=caught)

@@ -49,17 +49,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if len(self.params) < world_size:  # a rank without a share would build an empty optimizer
             raise ValueError(f"{len(self.params)} parameter tensors cannot be shared by "
                              f"{world_size} ranks")
-        # DDP: an owner for each parameter, the same on every rank: the largest parameter first,
+        # ZeRO: an owner for each parameter, the same on every rank: the largest parameter first,
         # each to the rank that owns the fewest numbers so far (shares of nearly equal size).
         self.owner, load = {}, [0] * world_size
         for p in sorted(self.params, key=lambda p: p.numel(), reverse=True):  # a stable sort
             self.owner[p] = load.index(min(load))
             load[self.owner[p]] += p.numel()
-        # DDP: my share, group by group (a group may hold none of mine; its options still count)
+        # ZeRO: my share, group by group (a group may hold none of mine; its options still count)
         self.mine = [{**group, "params": [p for p in group["params"] if self.owner.get(p) == rank]}
                      for group in self.param_groups]
         ### BEGIN SOLUTION (hint: build optimizer_cls with **kwargs over this rank's own parameters only, as self.local)
-        self.local = optimizer_cls(self.mine, **kwargs)  # DDP: state for my share only
+        self.local = optimizer_cls(self.mine, **kwargs)  # ZeRO: state for my share only
         ### END SOLUTION
         # its defaults (betas, ...) shown too
         self._options_to(self.param_groups, self.local.param_groups)
@@ -80,9 +80,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._options_to(self.local.param_groups, self.param_groups)  # e.g. a scheduler's new lr
         ### BEGIN SOLUTION (hint: step this rank's own optimizer, then send every parameter from its owner to all ranks with dist.broadcast)
-        self.local.step()  # DDP: update my share of the parameters
+        self.local.step()  # ZeRO: update my share of the parameters
         for p in self.params:  # mine and the others': every rank sends what it owns
-            dist.broadcast(p, src=self.owner[p])  # DDP: from its owner to every rank
+            dist.broadcast(p, src=self.owner[p])  # ZeRO: from its owner to every rank
         ### END SOLUTION
         return loss
 
@@ -96,11 +96,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """This rank's shard of the state: each rank saves its own (e.g. to last-rank{rank}.pt)."""
         # a scheduler's lr since the last step
         self._options_to(self.local.param_groups, self.param_groups)
-        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),  # DDP: whose shard
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),  # ZeRO: whose shard
                 "local": self.local.state_dict()}
 
     def load_state_dict(self, state_dict):
-        # DDP: a shard belongs to one rank of one layout
+        # ZeRO: a shard belongs to one rank of one layout
         here = (dist.get_rank(), dist.get_world_size())
         if (state_dict["rank"], state_dict["world_size"]) != here:
             raise ValueError(f"this shard was saved by rank {state_dict['rank']} of "
@@ -189,9 +189,9 @@ def check(args, env):
     differs = [name for name, diff in zip(results, worst.tolist()) if diff != 0.0]
     _, mine, full, _ = results["AdamW"]
     kept = torch.tensor(float(all(k for _, _, _, k in results.values())), device=env.device)
-    dist.all_reduce(kept, op=dist.ReduceOp.MIN)  # DDP: kept on every rank?
+    dist.all_reduce(kept, op=dist.ReduceOp.MIN)  # ZeRO: kept on every rank?
     shares = [None] * world_size
-    dist.all_gather_object(shares, mine)  # DDP: every rank's optimizer state, on every rank
+    dist.all_gather_object(shares, mine)  # ZeRO: every rank's optimizer state, on every rank
     ratios = [b / (full / world_size) for b in shares]
     sharded_ok = all(0.9 <= r <= 1.1 for r in ratios)
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0 logs

@@ -2,10 +2,12 @@
 
 Checkpoint files (written whole; a missing, unreadable or mismatched one refused with what to do),
 the resume, the log and its window of running sums, the batch sizes and the options that cannot go
-together, the agreement on when to stop, the replicas' spread, and mixed precision. The lessons stay
-in the labs: *who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or rank 0 and then a
-broadcast in Horovod's lab), the DDP wrap or Horovod's optimizer, and the all-reduce that averages
-the logged loss over the ranks (docs/design.md, "The library").
+together, each rank's vote on when to stop, the replicas' spread, and mixed precision. The lessons
+stay in the labs: *who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or rank 0 and
+then a broadcast in Horovod's lab), the DDP wrap or Horovod's optimizer, the all-reduce that
+averages the logged loss over the ranks and the one that agrees on when to stop (docs/design.md,
+"The library"). Every function takes plain values, never a lab's command line; the two that
+communicate say so in their names and are handed the collectives by the lab.
 """
 from __future__ import annotations
 
@@ -62,22 +64,22 @@ def load_checkpoint(path: str | os.PathLike, config: dict, stop: Callable[[str],
     return state["progress"]
 
 
-def resume_path(args) -> str | None:
-    """The checkpoint ``--resume`` names; with ``auto`` (a requeued job, a torchrun restart),
-    CHECKPOINT_DIR/last.pt if it is there, else None: a fresh start."""
-    if args.resume != "auto":
-        return args.resume
-    last = Path(args.checkpoint_dir or ".") / "last.pt"
+def resume_path(resume: str | None, checkpoint_dir: str | None) -> str | None:
+    """The checkpoint ``resume`` (--resume) names; with ``auto`` (a requeued job, a torchrun
+    restart), CHECKPOINT_DIR/last.pt if it is there, else None: a fresh start."""
+    if resume != "auto":
+        return resume
+    last = Path(checkpoint_dir or ".") / "last.pt"
     return str(last) if last.exists() else None
 
 
-def finished(progress: dict, args) -> str | None:
+def finished(progress: dict, epochs: int, max_steps: int | None) -> str | None:
     """Why the run a checkpoint comes from had already ended (what stopped it), or None."""
     if progress.get("finished"):
         return progress["finished"]
-    if progress["epoch"] >= args.epochs:
+    if progress["epoch"] >= epochs:
         return "epochs"
-    return "max_steps" if args.max_steps and progress["step"] >= args.max_steps else None
+    return "max_steps" if max_steps and progress["step"] >= max_steps else None
 
 
 
@@ -126,40 +128,47 @@ class Window:
         return fields
 
 
-def _largest_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+def stop_votes(env, elapsed: float, time_budget: float | None, caught) -> torch.Tensor:
+    """This rank's votes to stop after this step, on its device (``env``: a DistEnv, or anything
+    with ``rank`` and ``device``), for the lab's all-reduce (MAX) that makes every rank stop after
+    the same one: [rank 0's clock has run past ``time_budget``, the number of a signal this rank
+    caught (0: none)]. Only rank 0's clock counts: the ranks' clocks differ."""
+    over = env.rank == 0 and time_budget is not None and elapsed >= time_budget
+    return torch.tensor([float(over), float(caught.number)], device=env.device)
+
+
+def stop_reason(votes: torch.Tensor, caught, step: int, max_steps: int | None) -> str | None:
+    """'max_steps', 'time_budget', 'signal' or None, from every rank's ``stop_votes`` reduced
+    with MAX and the step just done: the same on every rank. Every rank also learns which signal
+    stops the run (``caught.number``)."""
+    over, signum = votes.tolist()
+    caught.number = caught.number or int(signum)
+    if max_steps and step >= max_steps:
+        return "max_steps"
+    return "time_budget" if over else "signal" if signum else None
+
+
+def max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """A collective: ``tensor`` replaced, on every rank, by its elementwise maximum over the ranks
+    (torch.distributed's all-reduce with MAX)."""
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
 
 
-def _rank0_copy(tensor: torch.Tensor, name: str) -> torch.Tensor:
+def broadcast_from_rank0(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """A collective: rank 0's ``tensor`` on every rank, in a copy (torch.distributed's broadcast;
+    ``name`` is for Horovod's, which names its collectives)."""
     copy = tensor.clone()
     dist.broadcast(copy, src=0)
     return copy
 
 
-def should_stop(args, step: int, elapsed: float, caught, device=None,
-                largest=_largest_over_ranks) -> str | None:
-    """'max_steps', 'time_budget', 'signal' or None, the same on every rank, so that all stop after
-    the same step: rank 0's clock decides the time budget, and a signal caught on any rank (a job's
-    time-limit warning, a preemption) stops them all. One collective a step: ``largest`` (the
-    elementwise maximum over the ranks; torch.distributed's all-reduce unless a lab gives
-    Horovod's)."""
-    if args.max_steps and step >= args.max_steps:
-        return "max_steps"
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    # rank 0's clock; the signal's number, 0 if none
-    flags = torch.tensor([float(rank == 0 and args.time_budget is not None
-                                and elapsed >= args.time_budget),
-                          float(caught.number)], device=device)
-    over, signum = largest(flags).tolist()
-    caught.number = caught.number or int(signum)  # every rank now knows which signal stops the run
-    return "time_budget" if over else "signal" if signum else None
-
-
-def replica_spread(model: torch.nn.Module, largest=_largest_over_ranks,
-                   rank0_copy=_rank0_copy) -> float:
+def replicas_max_diff(model: torch.nn.Module, rank0_copy: Callable, largest: Callable) -> float:
     """The largest difference between any rank's weights and rank 0's: 0.0 when the replicas stayed
-    in sync, as data parallelism promises (the last log record's ``replicas_max_diff``)."""
+    in sync, as data parallelism promises (the last log record's ``replicas_max_diff``).
+    Collectives, handed over by the lab: ``rank0_copy`` once per parameter tensor (rank 0's copy
+    of it), then ``largest`` once (the maximum over the ranks): every rank must call this
+    together."""
     spread = None
     for name, p in model.named_parameters():
         diff = (p.detach() - rank0_copy(p.detach(), f"spread.{name}")).abs().max().float()
@@ -174,18 +183,18 @@ def tested(record: dict) -> str:
     return f"test accuracy {record['test_accuracy']:.4f}, test loss {record['test_loss']:.4f}"
 
 
-def resume(args, config: dict, stop: Callable[[str], NoReturn], map_location=None,
-           **parts) -> dict | None:
-    """Where training starts: step 0, or the progress of the checkpoint --resume names, loaded into
-    ``parts`` (``load_checkpoint``). None when that checkpoint's run had already finished: rank 0
-    says so (the same command run twice), and there is nothing to do."""
+def resume(path: str | None, config: dict, stop: Callable[[str], NoReturn], map_location,
+           epochs: int, max_steps: int | None, **parts) -> dict | None:
+    """Where training starts: step 0, or the progress of the checkpoint at ``path``
+    (``resume_path``), loaded into ``parts`` (``load_checkpoint``). None when that checkpoint's
+    run had already finished (its ``epochs`` or ``max_steps`` done): rank 0 says so (the same
+    command run twice), and there is nothing to do."""
     progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "elapsed_s": 0.0,
                 "global_batch": config["global_batch"]}
-    path = resume_path(args)
     if not path:
         return progress
     progress = load_checkpoint(path, config, stop, map_location, **parts)
-    reason = finished(progress, args)
+    reason = finished(progress, epochs, max_steps)
     if not reason:
         return progress
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -195,28 +204,31 @@ def resume(args, config: dict, stop: Callable[[str], NoReturn], map_location=Non
     return None
 
 
-def batch_sizes(args, world_size: int, stop: Callable[[str], NoReturn]) -> tuple[int, int]:
-    """(per-worker batch, global batch) from --batch-size (per worker: the global batch is that many
-    times the world size) or --global-batch-size (split into equal shares: it must divide)."""
-    if args.batch_size:
-        return args.batch_size, args.batch_size * world_size
-    if args.global_batch_size < world_size or args.global_batch_size % world_size:
-        stop(f"--global-batch-size {args.global_batch_size} does not split into {world_size} "
+def batch_sizes(batch_size: int | None, global_batch_size: int, world_size: int,
+                stop: Callable[[str], NoReturn]) -> tuple[int, int]:
+    """(per-worker batch, global batch) from ``batch_size`` (--batch-size, per worker: the global
+    batch is that many times the world size) or else ``global_batch_size`` (--global-batch-size,
+    split into equal shares: it must divide)."""
+    if batch_size:
+        return batch_size, batch_size * world_size
+    if global_batch_size < world_size or global_batch_size % world_size:
+        stop(f"--global-batch-size {global_batch_size} does not split into {world_size} "
              f"equal per-worker batches: use a multiple of {world_size} (e.g. "
-             f"{max(1, round(args.global_batch_size / world_size)) * world_size}), "
+             f"{max(1, round(global_batch_size / world_size)) * world_size}), "
              "or give --batch-size per worker.")
-    return args.global_batch_size // world_size, args.global_batch_size
+    return global_batch_size // world_size, global_batch_size
 
 
-def open_log(path, args, progress: dict, steps_per_epoch: int, **common) -> JsonLog:
+def open_log(path, progress: dict, steps_per_epoch: int, checkpoint: str | None,
+             **common) -> JsonLog:
     """The run's JSON-lines log (``path`` None: a no-op log, for the ranks that do not write). A
-    resumed run appends to it, goes on counting ``elapsed_s`` from the checkpoint's, and says where
-    it resumed."""
+    run resumed from ``checkpoint`` appends to it, goes on counting ``elapsed_s`` from the
+    checkpoint's, and says where it resumed."""
     resumed = progress["step"] > 0
     log = JsonLog(path, append=resumed, elapsed_before=progress["elapsed_s"], **common)
     if resumed:  # a restart shows in the log: training went on from this step
         log.write("resume", epoch=round(progress["step"] / steps_per_epoch, 4),
-                  step=progress["step"], checkpoint=resume_path(args))
+                  step=progress["step"], checkpoint=checkpoint)
     return log
 
 
@@ -232,29 +244,30 @@ def deterministic(on: bool, warn_only: bool = False) -> torch.dtype:
     return torch.float64 if on else torch.float32
 
 
-def warmup_note(args, lr: float) -> None:
+def warmup_note(warmup_epochs: float, epochs: int, lr: float) -> None:
     """A note (print it on rank 0) when --warmup-epochs is not below --epochs: the rate climbs all
     the run and never decays (the schedule handles it: optim.warmup_then_decay)."""
-    if args.warmup_epochs >= args.epochs:
-        print(f"note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: "
+    if warmup_epochs >= epochs:
+        print(f"note: --warmup-epochs {warmup_epochs:g} is not below --epochs {epochs}: "
               f"the rate climbs all the run towards {lr:g} and never decays. Give fewer warm-up "
               "epochs (Goyal et al.: 5 of 90).", flush=True)
 
 
-def comm_hook(args) -> tuple[object, Callable | None]:
-    """(state, hook) for DDP's ``register_comm_hook`` from --comm-hook (notebook 08): torch's own
-    hooks, or (None, None) for DDP's built-in all-reduce. PowerSGD sends low-rank gradients after
-    --powersgd-start steps of plain all-reduce, with rank --powersgd-rank."""
+def comm_hook(name: str, powersgd_rank: int = 1,
+              powersgd_start: int = 10) -> tuple[object, Callable | None]:
+    """(state, hook) for DDP's ``register_comm_hook`` from ``name`` (--comm-hook, notebook 08):
+    torch's own hooks, or (None, None) for DDP's built-in all-reduce. PowerSGD sends low-rank
+    gradients after ``powersgd_start`` steps of plain all-reduce, with rank ``powersgd_rank``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     hooks = {"none": None, "allreduce": default_hooks.allreduce_hook,
              "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
              "powersgd": powerSGD_hook.powerSGD_hook}
-    if args.comm_hook != "powersgd":
-        return None, hooks[args.comm_hook]
+    if name != "powersgd":
+        return None, hooks[name]
     state = powerSGD_hook.PowerSGDState(process_group=None,
-                                        matrix_approximation_rank=args.powersgd_rank,
-                                        start_powerSGD_iter=args.powersgd_start)
+                                        matrix_approximation_rank=powersgd_rank,
+                                        start_powerSGD_iter=powersgd_start)
     return state, hooks["powersgd"]
 
 
@@ -262,22 +275,22 @@ BASELINES = {"no_ddp": "--no-ddp trains without DistributedDataParallel",
              "no_hvd": "--no-hvd trains without hvd.DistributedOptimizer"}
 
 
-def check_options(args, world_size: int, batch: int, stop: Callable[[str], NoReturn],
-                  device="cpu") -> None:
+def check_options(world_size: int, batch: int, stop: Callable[[str], NoReturn], no_eval: bool,
+                  target_accuracy: float | None, comm_hook: str = "none", accumulate: int = 1,
+                  device="cpu", **baselines: bool) -> None:
     """Stop at once, with what to do, on options that cannot work together: a target without
-    evaluations, a one-process baseline (--no-ddp, --no-hvd) on several, PowerSGD on a CPU run
-    beside a visible GPU, micro-batches that do not divide the per-worker batch (--accumulate)."""
-    if args.no_eval and args.target_accuracy:
+    evaluations, a one-process baseline (``no_ddp``, ``no_hvd``: BASELINES) on several, PowerSGD on
+    a CPU run beside a visible GPU, micro-batches that do not divide the per-worker batch
+    (--accumulate)."""
+    if no_eval and target_accuracy:
         stop("--target-accuracy needs evaluations: leave out --no-eval.")
-    for flag, what in BASELINES.items():
-        if getattr(args, flag, False) and world_size > 1:
-            stop(f"{what}: launch one process.")
-    if (getattr(args, "comm_hook", None) == "powersgd" and torch.device(device).type == "cpu"
-            and torch.cuda.is_available()):
+    for flag, on in baselines.items():
+        if on and world_size > 1:
+            stop(f"{BASELINES[flag]}: launch one process.")
+    if comm_hook == "powersgd" and torch.device(device).type == "cpu" and torch.cuda.is_available():
         stop("--comm-hook powersgd on the CPU where a GPU is visible: PyTorch's PowerSGD hook "
              "would synchronize that GPU and fail. Hide the GPUs from this run: "
              "CUDA_VISIBLE_DEVICES= torchrun ...")
-    accumulate = getattr(args, "accumulate", 1)
     if batch % accumulate:
         stop(f"--accumulate {accumulate} does not split the per-worker batch {batch} into equal "
              f"micro-batches: use a batch that is a multiple of {accumulate}.")
