@@ -247,7 +247,7 @@ def main(args):
     env = setup(args)
     if env.world_size < 2:
         world.stop(env, "split a model over at least 2 ranks: "
-                     "torchrun --standalone --nproc-per-node 2 labs/beyond_dp.py")
+                   "torchrun --standalone --nproc-per-node 2 labs/beyond_dp.py")
     # DDP: rank 0 logs
     log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     ok = True

@@ -170,7 +170,7 @@ class Bench:
         n, k = self.args.batch, self.world
         if n % k:
             world.stop(self.env, f"--batch {n} does not split into {k} equal shards: "
-                                   f"use a multiple of {k}, e.g. --batch {n - n % k}.")
+                                 f"use a multiple of {k}, e.g. --batch {n - n % k}.")
         return [n // k] * k
 
     def reference(self, model, forward=None, reduction="mean", dtype=torch.float64):
@@ -226,7 +226,7 @@ def case_unequal(b):
     sizes = shard_sizes(n, b.world, b.args.shards)
     if len(sizes) != b.world or sum(sizes) != n or min(sizes) < 1:
         world.stop(b.env, f"--shards {b.args.shards}: give {b.world} positive sizes "
-                     f"adding up to --batch {n}.")
+                   f"adding up to --batch {n}.")
     mine = b.rows(sizes)
     for weighted in (False, True):
         model = b.model()

@@ -180,7 +180,7 @@ def check(args, env):
     # with one rank there is nothing to shard, and a missing broadcast goes unseen
     if world_size < 2:
         world.stop(env, "the check needs at least 2 ranks: "
-                     "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
+                   "torchrun --standalone --nproc-per-node 2 labs/sharded_optimizer.py")
     optimizers = {"AdamW": (torch.optim.AdamW, {"lr": args.lr, "weight_decay": 0.01}),
                   "SGD": (torch.optim.SGD, {"lr": 10 * args.lr, "momentum": 0.9})}
     results = {name: compare(args, env, cls, **hyper) for name, (cls, hyper) in optimizers.items()}

@@ -238,7 +238,7 @@ def main(args):
     env = setup(args)
     if dist.get_world_size() < 2:  # DDP: send/recv and a server need a second rank
         world.stop(env, "this lab needs at least 2 ranks: "
-                     "torchrun --standalone --nproc-per-node 2 ...")
+                   "torchrun --standalone --nproc-per-node 2 ...")
     # DDP: rank 0 logs
     log = JsonLog(args.log_json if env.rank == 0 else None, world_size=env.world_size)
     (async_demo if args.part == "async" else ps_demo)(args, env, log)

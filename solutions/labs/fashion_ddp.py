@@ -182,7 +182,7 @@ class Trainer:
         elif step % args.log_every == 0:
             self.record("train")
         votes = training.stop_votes(self.env, self.log.elapsed(), args.time_budget, self.caught)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: all stop after the same step: MAX wins
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: one vote stops every rank, here
         return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def test(self):

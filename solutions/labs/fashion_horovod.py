@@ -60,7 +60,7 @@ def setup(args):
     world.explain_errors()  # an unfinished exercise, a lost peer: one line, not one per rank
     # Horovod: this process's ranks and sizes, as Horovod found them
     where = world.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
-                            world.env_info().launcher)
+                          world.env_info().launcher)
     # cuda:LOCAL_RANK when this process sees all of the node's GPUs, cuda:0 when srun bound it
     # one (--gpus-per-task=1); the backend is Horovod's: only the device counts
     try:
@@ -73,7 +73,7 @@ def setup(args):
         torch.cuda.set_device(placed.device)  # Horovod: one GPU per process
     # on GPUs: rank 0 lists each rank's GPU (gathered by Horovod); two ranks on one GPU stop here
     world.gpu_roll_call(dataclasses.replace(where, device=placed.device),
-                          gather=hvd.allgather_object)
+                        gather=hvd.allgather_object)
     return placed.device
 
 
@@ -179,7 +179,7 @@ class Trainer:
         elif step % args.log_every == 0:
             self.record("train")
         votes = training.stop_votes(self, self.log.elapsed(), args.time_budget, self.caught)
-        votes = largest(votes, name="stop")  # Horovod: all stop after the same step: MAX wins
+        votes = largest(votes, name="stop")  # Horovod: one vote stops every rank, here
         return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def test(self):

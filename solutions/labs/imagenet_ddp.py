@@ -87,10 +87,10 @@ def make_datasets(args, env):
     root = args.data_root
     if not root:
         world.stop(env, "--data-root is missing: give the folder that holds train/ and val/ "
-                     "(ImageFolder or shards), or train on --synthetic images. To practise "
-                     "without ImageNet:\n"
-                     "    .venv/bin/python -m dpcourse.lab.data make-imagefolder "
-                     "data/imagenet-mini")
+                   "(ImageFolder or shards), or train on --synthetic images. To practise "
+                   "without ImageNet:\n"
+                   "    .venv/bin/python -m dpcourse.lab.data make-imagefolder "
+                   "data/imagenet-mini")
     if args.stage_to:
         with world.rank0_first(local=True):  # DDP: one copy per node, by its local rank 0
             root = stage(root, args.stage_to)
@@ -212,7 +212,7 @@ class Trainer:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
         votes = training.stop_votes(self.env, self.log.elapsed(), args.time_budget, self.caught)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: all stop after the same step: MAX wins
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: one vote stops every rank, here
         return training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def record(self, event, **fields):

@@ -102,8 +102,8 @@ def hand_made_ddp(variants, env, seed=0, steps=4, lr=0.2, tolerance=1e-5) -> boo
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if world_size < 2:  # with one rank, a sum, a mean and doing nothing all look right
         world.stop(env, "--check needs at least 2 ranks (with 1, a missing all-reduce goes "
-                     "unseen): torchrun --standalone --nproc-per-node 2 "
-                     "labs/ddp_by_hand.py --check")
+                   "unseen): torchrun --standalone --nproc-per-node 2 "
+                   "labs/ddp_by_hand.py --check")
     G, gen = 6 * world_size, torch.Generator().manual_seed(seed)  # the same batches on every rank
     batches = [(torch.randn(G, 8, generator=gen).to(env.device),
                 torch.randint(4, (G,), generator=gen).to(env.device)) for _ in range(steps)]

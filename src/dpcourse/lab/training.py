@@ -6,8 +6,9 @@ together, each rank's vote on when to stop, the replicas' spread, and mixed prec
 stay in the labs: *who* saves (rank 0: ``if rank == 0:``), *who* loads (every rank, or rank 0 and
 then a broadcast in Horovod's lab), the DDP wrap or Horovod's optimizer, the all-reduce that
 averages the logged loss over the ranks and the one that agrees on when to stop (docs/design.md,
-"The library"). Every function takes plain values, never a lab's command line; the two that
-communicate say so in their names and are handed the collectives by the lab.
+"The library"). Every function takes plain values, never a lab's command line. Two are
+collectives and say so in their names (``max_over_ranks``, ``broadcast_from_rank0``);
+``replicas_max_diff`` makes none of its own: the lab hands it the collectives it calls.
 """
 from __future__ import annotations
 
