@@ -38,9 +38,9 @@ from dpcourse.lab import options, preemption, training, world
 from dpcourse.lab.images import batch_loader, image_dataset, normalize, stage, to_device
 from dpcourse.lab.metrics import peak_tflops, train_flops
 from dpcourse.lab.models import torchvision_model
-from dpcourse.lab.optim import warmup_then_decay
+from dpcourse.lab.optim import scaled_lr, warmup_then_decay
 
-REFERENCE_BATCH = 256  # --lr is the learning rate for this global batch (Goyal et al.: 0.1 per 256)
+REFERENCE_BATCH = 256  # the global batch --lr is for (Goyal et al.: 0.1 per 256); --lr-scaling
 
 
 def setup(args):
@@ -212,7 +212,8 @@ class Trainer:
                 self.bar.set_postfix(img_s=rec["samples_per_s"], loss=rec["train_loss"])
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             self.save()
-        votes = training.stop_votes(self.env, self.log.elapsed(), args.time_budget, self.caught)
+        votes = training.stop_votes(self.log.elapsed(), args.time_budget, self.caught,
+                                    self.env.device, clock=self.env.rank == 0)
         dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: one vote stops every rank, here
         return training.stop_reason(votes, self.caught, step, args.max_steps)
 
@@ -296,8 +297,7 @@ def main(args):
     # a torchvision model, the last BatchNorm of each residual block starting at zero (Goyal et al.)
     model = torchvision_model(args.arch, classes, stop)
     model = model.to(device, memory_format=precision.memory_format)
-    lr = {"none": args.lr, "linear": args.lr * global_batch / REFERENCE_BATCH,
-          "sqrt": args.lr * (global_batch / REFERENCE_BATCH) ** 0.5}[args.lr_scaling]
+    lr = scaled_lr(args.lr, global_batch, args.lr_scaling, REFERENCE_BATCH)  # DDP: of all ranks
     opt = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=0.9)
     total, warmup = args.epochs * steps_per_epoch, round(args.warmup_epochs * steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup, decay="cosine"))

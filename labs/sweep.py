@@ -1,14 +1,14 @@
-"""Several runs of fashion_ddp.py in ONE torchrun launch, one after the other.
+"""Several runs of fashion_study.py in ONE torchrun launch, one after the other.
 
     torchrun --standalone --nproc-per-node 2 labs/sweep.py \\
         "--batch-size 32 --time-budget 3 --log-json b32.jsonl" \\
         "--batch-size 512 --time-budget 3 --log-json b512.jsonl"
 
-Each argument is one run's options, exactly as fashion_ddp.py takes them; the run above is
-`torchrun ... fashion_ddp.py --batch-size 32 --time-budget 3 --log-json b32.jsonl`, and so on.
+Each argument is one run's options, exactly as fashion_study.py takes them; the run above is
+`torchrun ... fashion_study.py --batch-size 32 --time-budget 3 --log-json b32.jsonl`, and so on.
 Starting Python, importing torch and starting the workers cost seconds per launch on a small
-machine, more than a short run; here they are paid once. Each run is still fashion_ddp.main()
-from start to end: its own process group, data, model, optimiser and log (notebook 08).
+machine, more than a short run; here they are paid once. Each run is still fashion_study.main()
+from start to end: its own process group, data, model, optimiser and log (notebooks 07 and 08).
 Under torchrun only (or as one plain process).
 """
 import os
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_ddp.py beside this file
-import fashion_ddp
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_study.py beside this file
+import fashion_study
 from dpcourse.lab.rendezvous import free_port
 
 
@@ -48,7 +48,7 @@ def main(runs):
         if run and "TORCHELASTIC_RUN_ID" in os.environ:
             fresh_rendezvous(run, agent)
         # DDP: joins, trains, leaves the group
-        fashion_ddp.main(fashion_ddp.parse_args(shlex.split(options)))
+        fashion_study.main(fashion_study.parse_args(shlex.split(options)))
 
 
 if __name__ == "__main__":
@@ -57,5 +57,5 @@ if __name__ == "__main__":
     if (("SLURM_STEP_ID" in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ)
             and "TORCHELASTIC_RUN_ID" not in os.environ):
         sys.exit("sweep.py runs under torchrun (or as one process); "
-                 "under srun or mpirun, launch fashion_ddp.py once per run.")
+                 "under srun or mpirun, launch fashion_study.py once per run.")
     main(sys.argv[1:])

@@ -25,11 +25,11 @@ pytestmark = pytest.mark.slow
 LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
 
 
-def lab(nproc, *args, timeout=180, env=None):
+def lab(nproc, *args, timeout=180, env=None, script=LAB):
     """torchrun the lab (python for one process); (CompletedProcess, rank 0's log records)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
-        result = run(lab_cmd(nproc, LAB, *args, "--log-json", log), timeout=timeout, env=env)
+        result = run(lab_cmd(nproc, script, *args, "--log-json", log), timeout=timeout, env=env)
         records = ([json.loads(line) for line in log.read_text().splitlines()]
                    if log.exists() else [])
     return result, records

@@ -1,8 +1,9 @@
-"""The FashionMNIST lab's measuring and communication-saving options (notebooks 07 and 08), through
+"""The study lab's measuring and communication-saving options (notebooks 07 and 08), through
 real torchrun runs: the time split and the bytes it counts, buckets, the Chrome trace, compression
 hooks, PowerSGD, gradient accumulation with no_sync, post-local SGD, LR scaling; and LARS itself."""
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -11,7 +12,10 @@ from conftest import ROOT, run, torchrun_cmd
 from dpcourse.lab.metrics import read_log
 from dpcourse.lab.models import FashionCNN
 from dpcourse.lab.optim import LARS
-from test_fashion_ddp import LAB, lab
+from test_fashion_ddp import lab as ddp_lab
+
+LAB = ROOT / "solutions" / "labs" / "fashion_study.py"
+lab = partial(ddp_lab, script=LAB)
 
 pytestmark = pytest.mark.slow
 # float32 gradients, one per weight

@@ -1,6 +1,5 @@
 """dpcourse.explore.scaling and dpcourse.explore.plots: a real study (torchrun, FashionMNIST), its
 resume, its maths."""
-import hashlib
 import json
 import os
 import re
@@ -15,7 +14,7 @@ from conftest import ROOT, run
 from dpcourse.explore import plots, scaling
 from dpcourse.lab.errors import CourseError
 
-LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
+LAB = ROOT / "solutions" / "labs" / "fashion_study.py"
 NAMES = ["strong-k1", "strong-k2", "weak-k1", "weak-k2"]
 
 
@@ -128,11 +127,13 @@ def test_a_log_is_reused_only_for_the_same_lab_file(study, fashion_root, tmp_pat
     out, _ = study
     edited = tmp_path / LAB.name
     edited.write_text(LAB.read_text() + "# an edit\n")
+    lesson = tmp_path / "fashion_ddp.py"  # the lesson it imports, beside it as in labs/
+    lesson.write_text((LAB.parent / lesson.name).read_text())
     cmd = study_cmd(out, "--task", "0", data_root=fashion_root)  # strong-k1 only: one process
     cmd[cmd.index("--lab") + 1] = edited
     again = run(cmd, timeout=120)
     assert again.returncode == 0, again.stdout
-    assert ("strong K=1: its log was written by another version of fashion_ddp.py: run again"
+    assert ("strong K=1: its log was written by another version of fashion_study.py: run again"
             in again.stdout)
     assert ("skipped" not in again.stdout
             and re.search(r"^strong +K=1: +[\d,.]+ samples/s", again.stdout, re.M))
@@ -140,8 +141,21 @@ def test_a_log_is_reused_only_for_the_same_lab_file(study, fashion_root, tmp_pat
     # strong-k1 is the edit's now; the other three logs are still the course lab's (the study runs
     # them again with the edited lab, or strong-k1 with the course's)
     made_by = {n: (out / f"{n}.lab-sha256").read_text().strip() for n in NAMES}
-    digest = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in (LAB, edited)}
+    digest = {f: scaling.lab_digest(f) for f in (LAB, edited)}
     assert made_by == {"strong-k1": digest[edited], **{n: digest[LAB] for n in NAMES[1:]}}, made_by
+
+
+def test_an_edit_to_the_lesson_the_study_imports_is_another_lab(tmp_path):
+    """fashion_study.py runs fashion_ddp.py's code: a learner's edit there counts too."""
+    study, lesson = tmp_path / LAB.name, tmp_path / "fashion_ddp.py"
+    study.write_text(LAB.read_text())
+    lesson.write_text((LAB.parent / lesson.name).read_text())
+    before = scaling.lab_digest(study)
+    lesson.write_text(lesson.read_text() + "# an edit\n")
+    edited = scaling.lab_digest(study)
+    assert edited != before
+    (tmp_path / "other.py").write_text("# a file the study does not import\n")
+    assert scaling.lab_digest(study) == edited
 
 
 # ------------------------------------------------------------------ the table's maths
@@ -153,7 +167,7 @@ def write_study(out, runs, cores=2):
     """study.json for ``runs`` (from scaling.plan) and the logs {name: records}."""
     planned = []
     for r in runs:
-        planned.append({**r, "lab": "fashion_ddp.py", "lab_args": [], "log": f"{r['name']}.jsonl",
+        planned.append({**r, "lab": "fashion_study.py", "lab_args": [], "log": f"{r['name']}.jsonl",
                         "command": "-"})
     facts = {"host": "testhost", "cores": cores, "cpu": "a CPU", "threads": runs[0]["threads"],
              "gpus": 0, "cuda_device": None, "torch": "x", "python": "3", "date": "today"}

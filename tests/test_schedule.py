@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from conftest import ROOT, run
-from dpcourse.lab.optim import REFERENCE_BATCH, warmup_then_decay
+from dpcourse.explore.widgets import REFERENCE_BATCH as EXPLORER_REFERENCE_BATCH
+from dpcourse.lab.optim import warmup_then_decay
 
 LABS = ROOT / "solutions" / "labs"
 
@@ -36,18 +37,26 @@ def test_a_warm_up_as_long_as_the_run_or_longer_climbs_and_never_divides_by_zero
     assert max(values) == pytest.approx(10 / warmup)  # the peak only when warm-up = run
 
 
-def test_every_lab_takes_the_one_schedule_and_the_fashion_labs_one_reference_batch():
-    for name in ("fashion_ddp.py", "fashion_horovod.py", "imagenet_ddp.py"):
+def test_every_lab_takes_the_one_schedule_and_states_its_one_batch_and_rate_policy():
+    """One schedule and one scaling rule (dpcourse.lab.optim's), and in each training lab its
+    reference batch, stated once (issue 44, item 5): FashionMNIST's 128, the explorer's too;
+    ImageNet's Goyal et al.'s 256. The study lab takes the lesson's and writes the rule itself
+    (notebook 08's exercise 1)."""
+    for name in ("fashion_single.py", "fashion_ddp.py", "fashion_horovod.py", "imagenet_ddp.py"):
         text = (LABS / name).read_text()
         assert "warmup_then_decay(" in text, \
             f"{name} does not use dpcourse.lab.optim.warmup_then_decay"
         assert not re.search(r"LambdaLR\(\w+, lambda|ramp = lambda|/ \(total - warmup\)", text), \
             f"{name} has its own schedule"
-    defined = [p.name for p in LABS.rglob("*.py")
-               if re.search(r"^REFERENCE_BATCH = ", p.read_text(), re.M)]
-    # ImageNet's is Goyal et al.'s 256, the others import 128
-    assert defined == ["imagenet_ddp.py"], defined
-    assert REFERENCE_BATCH == 128
+        assert "scaled_lr(args.lr, " in text and "math.sqrt" not in text and "** 0.5" not in text, \
+            f"{name} scales its learning rate some other way than optim.scaled_lr"
+    defined = {p.name: int(m.group(1)) for p in LABS.rglob("*.py")
+               if (m := re.search(r"^REFERENCE_BATCH = (\d+)\b", p.read_text(), re.M))}
+    assert defined == {"fashion_single.py": 128, "fashion_ddp.py": 128, "fashion_horovod.py": 128,
+                       "imagenet_ddp.py": 256}, defined
+    assert EXPLORER_REFERENCE_BATCH == 128
+    study = (LABS / "fashion_study.py").read_text()
+    assert "from fashion_ddp import REFERENCE_BATCH" in study
 
 
 def test_a_run_whose_warm_up_is_all_of_it_ends_normally(fashion_root):

@@ -10,7 +10,6 @@ import pytest
 
 from conftest import ROOT
 from dpcourse.lab import options
-from dpcourse.lab.optim import REFERENCE_BATCH
 
 LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
@@ -32,6 +31,8 @@ SETUP_DIFFERS = {
     "compose_allreduce.py": "the same: device cpu with --backend gloo, a GPU only for NCCL",
     "fashion_ddp.py": "a training lab: the skeleton, then the roll call of each rank's GPU "
                       "(gpu_roll_call)",
+    "fashion_single.py": "the one-process twin of fashion_ddp.py: no process group, setup() "
+                         "only picks the device",
     "imagenet_ddp.py": "a training lab: the skeleton, then the roll call of each rank's GPU "
                        "(gpu_roll_call)",
     "fashion_horovod.py": "Horovod's own set-up: hvd.init() instead of a process group, its fusion "
@@ -48,7 +49,11 @@ CLEANUP_DIFFERS = {
 WITHOUT = {
     "ddp_tour.py": "a tour of process groups: it joins and leaves groups itself, several times, to "
                    "show how",
-    "sweep.py": "runs fashion_ddp.main once per configuration, in one launch: that lab's set-up",
+    "sweep.py": "runs fashion_study.main once per configuration, in one launch: that lab's "
+                "set-up",
+    "fashion_study.py": "imports fashion_ddp.py's setup() and cleanup(): notebooks 07-08's "
+                        "instruments on top of the lesson, not a second copy of it",
+    "fashion_single.py": "(cleanup only) one process: no group to leave",
     "fashion_horovod.py": "(cleanup only) hvd.shutdown() in main, after the last collective",
 }
 
@@ -100,7 +105,7 @@ def test_every_lab_without_the_skeleton_still_lacks_it():
 
 
 # ---------------------------------------------------------------- the training labs' shared options
-TRAINING = ("fashion_ddp.py", "fashion_horovod.py", "imagenet_ddp.py")
+TRAINING = ("fashion_ddp.py", "fashion_study.py", "fashion_horovod.py", "imagenet_ddp.py")
 # option: why the training labs that have it may give it other defaults (choices must still agree)
 RECIPE_DEFAULTS = {
     "--epochs": "each data set's recipe: FashionMNIST's few epochs, ImageNet's 90 (Goyal et al.)",
@@ -121,7 +126,7 @@ RECIPE_DEFAULTS = {
 OTHER_CHOICES = {
     "--amp": "FashionMNIST's labs: bfloat16 autocast on or off (a flag); ImageNet's recipe picks "
              "the precision per GPU, fp16 with loss scaling (a choice)",
-    "--optimizer": "LARS is notebook 08's, in the DDP lab only; the Horovod lab (notebook 11) "
+    "--optimizer": "LARS is notebook 08's, in the study lab only; the Horovod lab (notebook 11) "
                    "takes SGD and AdamW",
 }
 
@@ -132,7 +137,7 @@ def lab_parser(path) -> argparse.ArgumentParser:
     adds count as the lab's."""
     tree = ast.parse(path.read_text())
     namespace = {"argparse": argparse, "__doc__": "a lab", **vars(options), "options": options,
-                 "REFERENCE_BATCH": REFERENCE_BATCH}
+                 "REFERENCE_BATCH": None}
     for node in tree.body:
         if (isinstance(node, ast.Assign)
                 and [getattr(t, "id", None) for t in node.targets] == ["REFERENCE_BATCH"]):
@@ -203,9 +208,12 @@ MAIN_LINES, FUNCTION_LINES, FILE_LINES = 80, 60, 350
 # votes, all-reduced with MAX in the lab, read back by the library.
 LESSONS = {
     "fashion_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(",
-                       "DistributedSampler(", ".set_epoch(", "dist.all_reduce(", ".no_sync(",
+                       "DistributedSampler(", ".set_epoch(", "dist.all_reduce(",
                        "dist.destroy_process_group(", "rank == 0",
                        "dist.all_reduce(votes, op=dist.ReduceOp.MAX)"),
+    # notebooks 07-08 on top of the lesson: the wrap with its buckets, micro-batches, the hooks
+    "fashion_study.py": ("DDP(", "bucket_cap_mb=", ".no_sync(", "register_comm_hook(",
+                         "average_parameters(", "rank == 0"),
     "imagenet_ddp.py": ("dist.init_process_group(", "torch.cuda.set_device(", "DDP(",
                         "DistributedSampler(", ".set_epoch(", "dist.all_reduce(",
                         "dist.destroy_process_group(", "rank == 0",

@@ -1,5 +1,5 @@
 """Plausible wrong answers to notebook 08's exercises (the learning-rate rule of
-labs/fashion_ddp.py, and federated averaging); tests/test_exercises.py checks that the notebook's
+labs/fashion_study.py, and federated averaging); tests/test_exercises.py checks that the notebook's
 checks reject each one."""
 from answers import Lab
 
@@ -7,25 +7,25 @@ HINT = '"linear" (Goyal et al.)'
 
 WRONG = {
     ("08_large_batches.ipynb", "exercise 1"): {
-        "one worker's batch, not the global one": (Lab("fashion_ddp.py", HINT, """
+        "one worker's batch, not the global one": (Lab("fashion_study.py", HINT, """
             ratio = batch / REFERENCE_BATCH
-            return args.lr * (ratio if args.lr_scaling == "linear" else math.sqrt(ratio))"""),
+            return lr * (ratio if rule == "linear" else math.sqrt(ratio))"""),
             "That is the rule applied to ONE worker's batch"),
-        "linear and sqrt swapped": (Lab("fashion_ddp.py", HINT, """
+        "linear and sqrt swapped": (Lab("fashion_study.py", HINT, """
             ratio = batch * world_size / REFERENCE_BATCH
-            return args.lr * (math.sqrt(ratio) if args.lr_scaling == "linear" else ratio)"""),
+            return lr * (math.sqrt(ratio) if rule == "linear" else ratio)"""),
             "scaled_lr gives 0.1732, not 0.2 × (2 × 48 / 128) = 0.15. "
             "That is the other rule's value"),
-        "the ratio inverted": (Lab("fashion_ddp.py", HINT, """
+        "the ratio inverted": (Lab("fashion_study.py", HINT, """
             ratio = REFERENCE_BATCH / (batch * world_size)
-            return args.lr * (ratio if args.lr_scaling == "linear" else math.sqrt(ratio))"""),
+            return lr * (ratio if rule == "linear" else math.sqrt(ratio))"""),
             "scaled_lr gives 0.2667, not"),
-        "scaled by the number of workers only": (Lab("fashion_ddp.py", HINT, """
-            return args.lr * (world_size if args.lr_scaling == "linear"
+        "scaled by the number of workers only": (Lab("fashion_study.py", HINT, """
+            return lr * (world_size if rule == "linear"
                               else math.sqrt(world_size))"""),
             "scaled_lr gives 0.4, not"),
-        "sqrt forgotten: linear for both": (Lab("fashion_ddp.py", HINT, """
-            return args.lr * batch * world_size / REFERENCE_BATCH"""),
+        "sqrt forgotten: linear for both": (Lab("fashion_study.py", HINT, """
+            return lr * batch * world_size / REFERENCE_BATCH"""),
             "scaled_lr gives 0.15, not 0.2 × √(2 × 48 / 128) = 0.1732. "
             "That is the other rule's value"),
     },

@@ -6,7 +6,7 @@
 
 Every run is one command, written into study.json beside its log, for example:
 
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 solutions/labs/fashion_ddp.py \\
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 solutions/labs/fashion_study.py \\
         --epochs 2 --time-split --device cpu --batch-size 128 --lr-scaling none --eval-every 32 \\
         --log-json results/08_large_batches/batch-128.jsonl
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-LAB = ROOT / "solutions" / "labs" / "fashion_ddp.py"
+LAB = ROOT / "solutions" / "labs" / "fashion_study.py"
 WORKERS = 2
 COMMON = ["--epochs", "2", "--time-split", "--device", "cpu"]
 # the sweep keeps --lr as it is: the rules diverge at large batches here (see RUNS)

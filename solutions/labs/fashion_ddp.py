@@ -6,35 +6,43 @@
     srun --ntasks 2 python solutions/labs/fashion_ddp.py                     # two Slurm tasks
     mpirun -np 2 python solutions/labs/fashion_ddp.py                        # two Open MPI ranks
 
-Each rank trains a replica of the model on its own shard of each global batch; DDP averages the
-gradients during backward, so the replicas stay identical. Rank 0 prints, logs (--log-json) and
-checkpoints; the ranks split the test set and sum their counts: each test image counts once. Every
-line there because of distribution is marked `# DDP:`. First reading: main() splits the data and
-scales the learning rate (scaled_lr); Trainer.run_step(): DDP averages the gradients; .save(): rank
-0 saves; .after_step(): all ranks agree to stop; skip send_less().
+This file is fashion_single.py, the same training in one process, plus the lines data parallelism
+needs, each marked `# DDP:` with its reason (notebook 05 shows the diff). Each rank trains a
+replica of the model on its own shard of each global batch; DDP averages the gradients during
+backward, so the replicas stay identical. Rank 0 prints, logs (--log-json) and checkpoints; the
+ranks split the test set and sum their counts: each test image counts once. Notebooks 07-08's
+instruments (the time split, communication hooks, local SGD, LARS) are in fashion_study.py.
 """
+# DDP: a timeout for the collectives, world.stop bound to this rank (partial)
 import argparse
-import math
 import time
-from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
+from typing import NamedTuple
 
+# DDP: the process group and its collectives, the wrapper, the sampler that shards the data
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.model_averaging import averagers
-from torch.distributed.algorithms.model_averaging.utils import average_parameters
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from dpcourse.lab import options, preemption, training, world
+from dpcourse.lab import optim, options, preemption, training, world
 from dpcourse.lab.data import InMemoryFashionMNIST, torchvision_fashion_mnist
-from dpcourse.lab.metrics import StepTimer, trace_profiler
 from dpcourse.lab.models import FashionCNN
-from dpcourse.lab.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
+
+# The batch-and-rate policy: --lr is the rate tuned for a global batch of REFERENCE_BATCH images;
+# --lr-scaling says how it follows another global batch (none; linear, Goyal et al.; sqrt).
+REFERENCE_BATCH = 128
+
+
+class Data(NamedTuple):
+    train_set: InMemoryFashionMNIST  # the whole split, on the device
+    test_set: InMemoryFashionMNIST
+    sampler: DistributedSampler  # DDP: this rank's indices of each epoch
+    loader: DataLoader | None  # --loader torchvision; None: batches cut from train_set
+    batch: int  # DDP: this rank's share of each global batch
 
 
 def setup(args):
@@ -44,37 +52,49 @@ def setup(args):
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
                             timeout=timedelta(seconds=args.timeout))
-    world.gpu_roll_call(env)  # GPUs: rank 0 lists each rank's GPU; two ranks on one GPU stop
-    return env
+    world.gpu_roll_call(env)  # DDP: rank 0 lists each rank's GPU; two ranks on one GPU stop
+    return env  # DDP: rank, world size, device and backend
 
 
 def cleanup():
     dist.destroy_process_group()  # DDP: leave the group so every rank exits cleanly
 
 
-def scaled_lr(args, batch, world_size):
-    """The learning rate of this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
-    if args.lr_scaling == "none":
-        return args.lr
-    ### BEGIN SOLUTION (hint: "linear" (Goyal et al.) multiplies args.lr by how many times larger than REFERENCE_BATCH the batch is that one optimizer step averages over; "sqrt" by the square root of that. batch is one worker's.)
-    ratio = batch * world_size / REFERENCE_BATCH  # DDP: the step averages ALL workers' gradients
-    return args.lr * (ratio if args.lr_scaling == "linear" else math.sqrt(ratio))
+def load_data(args, device, batch, rank, world_size):  # DDP: this rank's shard
+    """The two splits on ``device`` and the order of the training images (--loader)."""
+    with world.rank0_first():  # DDP: rank 0 stages the files; the others wait, then read them
+        train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device,
+                                         first=args.train_images)
+        test_set = InMemoryFashionMNIST(args.data_root, train=False, device=device)
+    ### BEGIN SOLUTION (hint: a DistributedSampler over train_set for this rank of world_size, shuffled with args.seed, dropping the uneven tail)
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,  # DDP: my shard
+                                 shuffle=True, seed=args.seed, drop_last=True)
     ### END SOLUTION
+    loader = None  # --loader memory: each batch is cut from the tensors by the sampler's indices
+    if args.loader == "torchvision":  # the classic per-sample pipeline, fed by the same sampler
+        ### BEGIN SOLUTION (hint: loader = a DataLoader over torchvision_fashion_mnist(args.data_root, train=True): batches of this rank's batch size, in the order the sampler gives, args.workers worker processes, the uneven tail dropped)
+        loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
+                            sampler=sampler,  # DDP: the sampler decides the order, not shuffle=True
+                            num_workers=args.workers, drop_last=True,
+                            worker_init_fn=preemption.ignore_in_worker,
+                            pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
+        ### END SOLUTION
+    return Data(train_set, test_set, sampler, loader, batch)
 
 
-def evaluate(model, test_set, env, dtype=torch.float32, batch=1000):
+def evaluate(model, test_set, device, dtype=torch.float32, batch=1000):
     """Loss and accuracy over the whole test set, each image counted exactly once."""
     model.eval()
     # DDP: rank r of K takes images r, r+K, r+2K, ...: no padding, unlike DistributedSampler's.
-    shard = torch.arange(env.rank, len(test_set), env.world_size, device=env.device)
-    totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, correct, count
+    shard = torch.arange(dist.get_rank(), len(test_set), dist.get_world_size(), device=device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     with torch.no_grad():
         for idx in shard.split(batch):
             x, y = test_set[idx]
             out = model(x.to(dtype).contiguous(memory_format=torch.channels_last))
             totals += torch.stack([F.cross_entropy(out.float(), y, reduction="sum").double(),
                                    (out.argmax(1) == y).sum().double(),
-                                   torch.tensor(len(y), device=env.device).double()])
+                                   torch.tensor(len(y), device=device).double()])
     ### BEGIN SOLUTION (hint: sum the three totals over all ranks, in place, with one collective)
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)  # DDP: every rank now holds the global sums
     ### END SOLUTION
@@ -83,50 +103,50 @@ def evaluate(model, test_set, env, dtype=torch.float32, batch=1000):
     return loss_sum / count, correct / count, int(count)
 
 
-def unwrap(model):  # the plain module inside a DDP wrapper (what a checkpoint stores)
+def unwrap(model):  # DDP: the plain module inside the wrapper (what a checkpoint stores)
     return model.module if isinstance(model, DDP) else model
 
 
 class Trainer:
-    """One rank's training loop: every rank runs the same steps on its own batches; rank 0 also
-    logs and saves. A checkpoint resumes ``progress``; ``timer``, ``averager``: notebooks 07-08."""
+    """This rank's training loop: every rank runs the same steps on its own batches. ``data``:
+    load_data's; ``run``: a training.Run, what a checkpoint resumes and where the records go."""
 
-    def __init__(self, args, env, model, opt, sched, *, sampler, batch, data, test_set, config,
-                 progress, log, caught, timer, averager):
-        self.args, self.env, self.model, self.opt, self.sched = args, env, model, opt, sched
-        self.sampler, self.batch, self.data, self.test_set = sampler, batch, data, test_set
-        self.config, self.progress, self.log, self.caught = config, progress, log, caught
-        self.timer, self.averager = timer, averager
-        self.steps_per_epoch = len(sampler) // batch
+    def __init__(self, args, device, model, opt, sched, data, run):
+        self.args, self.device, self.model, self.opt, self.sched = args, device, model, opt, sched
+        self.data, self.batch = data, data.batch
+        self.progress, self.config, self.log, self.caught = run
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # DDP: this rank of K
+        self.steps_per_epoch = len(data.sampler) // self.batch
         self.dtype = next(model.parameters()).dtype
-        self.amp = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=args.amp)
-        self.window = training.Window(env.device)  # loss and throughput since the last log record
+        self.amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
+        self.window = training.Window(device)  # loss and throughput since the last log record
         self.last_eval, self.test_images = {"test_accuracy": None, "test_loss": None}, None
-        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=progress["step"],
-                        unit="step", desc="train", disable=world.bar_off(env.rank))  # DDP: 0's
-        self.profiler = trace_profiler(args.profile_trace if env.rank == 0 else None)  # Chrome's
+        self.bar = tqdm(total=args.epochs * self.steps_per_epoch, initial=self.progress["step"],
+                        unit="step", desc="train",
+                        disable=world.bar_off(self.rank))  # DDP: rank 0's bar only
+
+    def batches(self, epoch):
+        """This epoch's batches, in the sampler's order."""
+        ### BEGIN SOLUTION (hint: tell the sampler which epoch this is, so that each epoch is shuffled anew)
+        self.data.sampler.set_epoch(epoch)  # DDP: a new order each epoch, the same on every rank
+        ### END SOLUTION
+        if self.data.loader is not None:  # --loader torchvision
+            return self.data.loader
+        return (self.data.train_set[torch.as_tensor(idx, device=self.device)]  # one indexing each
+                for idx in BatchSampler(self.data.sampler, self.batch, drop_last=True))
 
     def run_epoch(self, epoch):
-        """One pass over this rank's shard; why training stops, or None to go on."""
-        p, device = self.progress, self.env.device
-        ### BEGIN SOLUTION (hint: tell the sampler which epoch this is, so that each epoch is shuffled anew)
-        self.sampler.set_epoch(epoch)  # DDP: a new order each epoch, the same on every rank
-        ### END SOLUTION
-        batches = self.data  # --loader torchvision: a DataLoader on the same sampler
-        if self.args.loader == "memory":  # a batch: one indexing of the whole split's tensors
-            batches = (self.data[torch.as_tensor(idx, device=device)]
-                       for idx in BatchSampler(self.sampler, self.batch, drop_last=True))
+        """One pass over the training data; why training stops, or None to go on."""
+        p = self.progress
         start = time.perf_counter()  # a step's time includes waiting for its batch
-        self.timer.start()
-        for i, (x, y) in enumerate(batches):
+        for i, (x, y) in enumerate(self.batches(epoch)):
             if i < p["step_in_epoch"]:  # resumed mid-epoch: these batches were done
                 start = time.perf_counter()
                 continue
-            x = x.to(device, self.dtype, non_blocking=True)
+            x = x.to(self.device, self.dtype, non_blocking=True)
             x = x.contiguous(memory_format=torch.channels_last)
-            y = y.to(device, non_blocking=True)
-            self.timer.lap("data")
-            if i == 0 and self.env.rank == 0:  # the epoch's first labels: set_epoch's new order
+            y = y.to(self.device, non_blocking=True)
+            if i == 0 and self.rank == 0:  # DDP: rank 0 logs the epoch's first labels
                 self.log.write("epoch_start", epoch=epoch, step=p["step"],
                                first_labels=y[:8].tolist())
             loss = self.run_step(x, y, p["step"])
@@ -136,39 +156,24 @@ class Trainer:
             if stop := self.after_step(i):
                 return stop
             start = time.perf_counter()
-            self.timer.start()
         p.update(epoch=epoch + 1, step_in_epoch=0)
         stop = self.test()
         rec = self.record("epoch", test_images=self.test_images)
-        if self.env.rank == 0:  # DDP: one line per epoch, also where there is no bar (logs, CI)
+        if self.rank == 0:  # DDP: one line per epoch, also where there is no bar (logs, CI)
             print(f"epoch {p['epoch']}: {training.tested(rec)}, {rec['elapsed_s']:.1f} s",
                   flush=True)
         self.save()
         return stop
 
     def run_step(self, x, y, step):
-        """One optimizer step on this rank's batch; --accumulate splits it into micro-batches."""
-        args, model, timer = self.args, self.model, self.timer
+        """One optimizer step on the batch (``step``: the steps done before it)."""
         self.opt.zero_grad(set_to_none=True)
-        local = self.averager is not None and step >= args.local_sgd_warmup  # post-local SGD phase
-        for j, (xm, ym) in enumerate(zip(x.chunk(args.accumulate), y.chunk(args.accumulate))):
-            quiet = (j < args.accumulate - 1 or local) and not args.no_ddp  # not the last one
-            with model.no_sync() if quiet else nullcontext():  # DDP: no all-reduce yet
-                with self.amp:  # (below, / accumulate: the mean over the whole batch)
-                    loss = F.cross_entropy(model(xm), ym) / args.accumulate
-                timer.lap("forward")
-                loss.backward()  # DDP: gradients are averaged across ranks while backward runs
-            timer.lap("backward")
+        with self.amp:
+            loss = F.cross_entropy(self.model(x), y)
+        loss.backward()  # DDP: gradients are averaged across ranks while backward runs
         self.opt.step()
         self.sched.step()
-        timer.lap("optimizer")
-        if self.averager:
-            self.averager.average_parameters(model.parameters())  # DDP: weights, not gradients
-            timer.lap("allreduce")
-        timer.stop()
-        if self.profiler:
-            self.profiler.step()
-        return loss.detach().float() * args.accumulate
+        return loss.detach().float()
 
     def after_step(self, i):
         """A checkpoint, evaluation or log record when one is due; why training stops, or None."""
@@ -181,7 +186,8 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
-        votes = training.stop_votes(self.env, self.log.elapsed(), args.time_budget, self.caught)
+        votes = training.stop_votes(self.log.elapsed(), args.time_budget, self.caught,
+                                    self.device, clock=self.rank == 0)  # DDP: rank 0's clock
         dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: one vote stops every rank, here
         return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
@@ -189,22 +195,22 @@ class Trainer:
         """Test the model (not with --no-eval): 'target_accuracy' once it reaches the target."""
         if self.args.no_eval:
             return None
-        if self.averager:  # DDP: local SGD let the replicas drift apart: test their average
-            average_parameters(self.model.parameters(), dist.group.WORLD)
-        loss, acc, self.test_images = evaluate(self.model, self.test_set, self.env, self.dtype)
+        loss, acc, self.test_images = evaluate(self.model, self.data.test_set, self.device,
+                                               self.dtype)
         self.last_eval.update(test_loss=round(loss, 5), test_accuracy=round(acc, 5))
         self.bar.set_postfix(acc=self.last_eval["test_accuracy"])
         target = self.args.target_accuracy
         return "target_accuracy" if target and acc >= target else None
 
     def record(self, event, **fields):
-        """Rank 0's log line; the train loss is averaged over ranks and steps since the last one."""
+        """The log line; the train loss is averaged over the steps since the last one."""
         loss_sum = self.window.loss.clone()
         dist.all_reduce(loss_sum)  # DDP: the sum of every rank's losses
+        window = self.window.take(loss_sum.item(), self.world_size)  # DDP: all ranks' images
         step = self.progress["step"]
         return self.log.write(event, epoch=round(step / self.steps_per_epoch, 4), step=step,
-                              **self.window.take(loss_sum.item(), self.env.world_size),
-                              lr=round(self.sched.get_last_lr()[0], 7), **self.timer.report(),
+                              **window,
+                              lr=round(self.sched.get_last_lr()[0], 7),
                               **(self.last_eval if event in ("eval", "epoch", "done") else {}),
                               **fields)
 
@@ -212,111 +218,72 @@ class Trainer:
         """CHECKPOINT_DIR/last.pt (--checkpoint-dir): everything a resumed run needs."""
         if not self.args.checkpoint_dir:
             return
-        self.progress["elapsed_s"] = self.log.elapsed()  # every rank: the clock a resume goes on
-        if self.env.rank == 0:  # DDP: one writer; every replica holds the same weights
+        self.progress["elapsed_s"] = self.log.elapsed()  # the clock a resume goes on
+        if self.rank == 0:  # DDP: one writer; every replica holds the same weights
             training.save_checkpoint(f"{self.args.checkpoint_dir}/last.pt", self.config,
                                      model=unwrap(self.model), optimizer=self.opt,
                                      scheduler=self.sched, progress=self.progress,
                                      rng=torch.get_rng_state())
 
     def finish(self, stop):
-        """The last evaluation, log record and checkpoint; rank 0 reports."""
-        args, env = self.args, self.env
+        """The last evaluation, log record and checkpoint; the report."""
+        args = self.args
         self.bar.close()
-        if self.profiler:
-            self.profiler.stop()
         untested = self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]
         if stop != "signal" and untested:  # not in a time-limit warning's last seconds
             self.test()  # stopped mid-epoch: test what we have
         spread = training.replicas_max_diff(  # DDP: 0.0: alike (rank 0's broadcast, then a MAX)
             unwrap(self.model), training.broadcast_from_rank0, training.max_over_ranks)
         final = self.record("done", test_images=self.test_images, stop=stop,
-                            replicas_max_diff=spread)
-        if env.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
+                            replicas_max_diff=spread)  # DDP: in the last record
+        if self.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
             print(f"step {final['step']}: {training.tested(final)}, {final['elapsed_s']:.1f} s "
                   f"({stop})", flush=True)
             if args.save_model:
                 torch.save(unwrap(self.model).state_dict(), args.save_model)
         self.progress["finished"] = stop if stop == "target_accuracy" else None
         self.save()
-        if env.rank == 0 and stop == "signal":
+        if self.rank == 0 and stop == "signal":  # DDP: rank 0 says where to resume
             last = args.checkpoint_dir and f"{args.checkpoint_dir}/last.pt"
             print(preemption.stopped_message(self.caught, final["step"], last), flush=True)
-        self.timer.close()  # torch.distributed's own collectives back, were a timed step left open
         if stop == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
             dist.barrier()  # DDP: wait for rank 0's checkpoint
 
 
-def send_less(args, model, timer, step):
-    """(notebook 08) How DDP sends each bucket (--comm-hook); local SGD's averager, or None."""
-    state, hook = training.comm_hook(args.comm_hook, args.powersgd_rank, args.powersgd_start)
-    if hook or args.time_split:  # DDP: what DDP does with each bucket of gradients
-        model.register_comm_hook(state, timer.timed(hook or default_hooks.allreduce_hook))
-    if not args.local_sgd:
-        return None
-    # DDP: post-local SGD: after warm-up, average the weights every N steps
-    averager = averagers.PeriodicModelAverager(args.local_sgd, args.local_sgd_warmup)
-    averager.step = step
-    return averager
-
-
 def main(args):
     caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
-    env = setup(args)
+    env = setup(args)  # DDP: join the process group
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
-    device, stop = env.device, partial(world.stop, env)  # stop(why): rank 0 says it, all exit
+    device, stop = env.device, partial(world.stop, env)  # DDP: stop(why): rank 0 says it, all exit
     batch, global_batch = training.batch_sizes(args.batch_size, args.global_batch_size,
                                                world_size, stop)  # DDP: × world size
-    training.check_options(world_size, batch, stop, args.no_eval, args.target_accuracy,  # e.g.
-                           args.comm_hook, args.accumulate, device, no_ddp=args.no_ddp)  # --no-ddp
+    training.check_options(world_size, batch, stop, args.no_eval, args.target_accuracy,
+                           no_ddp=args.no_ddp)  # DDP: --no-ddp is the one-process baseline
     dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
-    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP copies rank 0's anyway)
-
-    # Data. Rank 0 stages the files first; the others wait, then read the same verified copy.
-    with world.rank0_first():  # DDP: one download, not one per rank
-        train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device,
-                                         first=args.train_images)
-        test_set = InMemoryFashionMNIST(args.data_root, train=False, device=device)
-    ### BEGIN SOLUTION (hint: a DistributedSampler over train_set for this rank of world_size, shuffled with args.seed, dropping the uneven tail)
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,  # DDP: my shard
-                                 shuffle=True, seed=args.seed, drop_last=True)
-    ### END SOLUTION
-    data = train_set  # --loader memory: each batch is cut from the tensors by the sampler's indices
-    if args.loader == "torchvision":  # the classic per-sample pipeline, fed by the same sampler
-        ### BEGIN SOLUTION (hint: loader = a DataLoader over torchvision_fashion_mnist(args.data_root, train=True): batches of this rank's batch size, in the order the sampler gives, args.workers worker processes, the uneven tail dropped)
-        loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
-                            sampler=sampler,  # DDP: the sampler decides the order, not shuffle=True
-                            num_workers=args.workers, drop_last=True,
-                            worker_init_fn=preemption.ignore_in_worker,
-                            pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
-        ### END SOLUTION
-        data = loader
-    steps_per_epoch = len(sampler) // batch
+    torch.manual_seed(args.seed)  # the same initial weights every run
+    data = load_data(args, device, batch, rank, world_size)  # DDP: this rank's shard
+    steps_per_epoch = len(data.sampler) // batch
 
     model = FashionCNN(args.width, args.norm).to(device, dtype, memory_format=torch.channels_last)
-    lr = scaled_lr(args, batch, world_size)
-    opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay,
-                            args.lars_eta)
+    # DDP: one step averages the gradients of the GLOBAL batch: its size sets the rate
+    lr = optim.scaled_lr(args.lr, global_batch, args.lr_scaling, REFERENCE_BATCH)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
+                          weight_decay=args.weight_decay)
     total = args.epochs * steps_per_epoch
     warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay(total, warmup))  # then to 0
-    config = {**model.config, "world_size": world_size, "global_batch": global_batch}  # to resume
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, optim.warmup_then_decay(total, warmup))
+    # DDP: a resume must match the world size and the global batch too
+    config = {**model.config, "world_size": world_size, "global_batch": global_batch}
     # DDP: every rank loads the same checkpoint (--resume), so that the replicas go on alike
     checkpoint = training.resume_path(args.resume, args.checkpoint_dir)  # or None: from step 0
     progress = training.resume(checkpoint, config, stop, device, args.epochs, args.max_steps,
                                model=model, optimizer=opt, scheduler=sched)
     if progress is None:  # --resume names the checkpoint of a finished run: nothing to do
-        return cleanup()
-    timer = StepTimer(device, enabled=args.time_split)  # where the time goes (notebook 07)
-    averager = None
-    if not args.no_ddp:
-        ddp_options = dict(bucket_cap_mb=args.bucket_cap_mb,
-                           gradient_as_bucket_view=args.grad_as_bucket_view)
-        ### BEGIN SOLUTION (hint: wrap model in DDP with **ddp_options; on a GPU, give it this rank's device)
-        model = DDP(model, device_ids=[device] if device.type == "cuda" else None,  # DDP: the wrap
-                    **ddp_options)
+        return cleanup()  # DDP: leave the group here too
+    if not args.no_ddp:  # DDP: --no-ddp measures the wrapper's cost (notebook 11)
+        ### BEGIN SOLUTION (hint: wrap model in DDP; on a GPU, give it this rank's device)
+        model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: the wrap
         ### END SOLUTION
-        averager = send_less(args, model, timer, progress["step"])  # notebook 08
 
     log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs, no one else
                             progress, steps_per_epoch, checkpoint, world_size=world_size,
@@ -326,23 +293,22 @@ def main(args):
         resumed = f", resumed at step {progress['step']}" if progress["step"] else ""
         print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, "
               f"{steps_per_epoch} steps per epoch, {env.backend} on {device}{resumed}", flush=True)
-    trainer = Trainer(args, env, model, opt, sched, sampler=sampler, batch=batch, data=data,
-                      test_set=test_set, config=config, progress=progress, log=log, caught=caught,
-                      timer=timer, averager=averager)
+    trainer = Trainer(args, device, model, opt, sched, data,
+                      training.Run(progress, config, log, caught))
     reason = None  # why training stops early: a step limit, a target accuracy, a signal
     while progress["epoch"] < args.epochs and reason is None:
         reason = trainer.run_epoch(progress["epoch"])
     trainer.finish(reason or "epochs")
-    cleanup()
+    cleanup()  # DDP: leave the group
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=options.Defaults)
     options.common_options(p, REFERENCE_BATCH)  # every training lab's: --epochs, --lr, --resume...
-    options.ddp_options(p, timeout=60)  # the DDP labs': --backend, --timeout, --no-ddp
     options.fashion_options(p)  # the FashionMNIST labs': --width, --train-images, --amp, ...
-    options.scaling_options(p)  # notebooks 07-08: --time-split, --comm-hook, --loader, ...
+    options.loader_options(p)  # --loader memory or torchvision (notebook 06)
+    options.ddp_options(p, timeout=60)  # DDP: --backend, --timeout, --no-ddp
     return p.parse_args(argv)
 
 

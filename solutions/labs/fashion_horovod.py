@@ -21,7 +21,6 @@ rank 0 saves.
 """
 import argparse
 import dataclasses
-import math
 import os
 import time
 
@@ -35,7 +34,12 @@ from dpcourse.lab import options, preemption, training, world
 from dpcourse.lab.data import InMemoryFashionMNIST
 from dpcourse.lab.errors import CourseError
 from dpcourse.lab.models import FashionCNN
-from dpcourse.lab.optim import REFERENCE_BATCH, optimizer_by_name, warmup_then_decay
+from dpcourse.lab.optim import optimizer_by_name, scaled_lr, warmup_then_decay
+
+# The batch-and-rate policy: --lr is the rate tuned for a global batch of REFERENCE_BATCH images;
+# --lr-scaling says how it follows the run's global batch (none; linear, Goyal et al.; sqrt). One
+# step averages the gradients of the global batch (Horovod's examples scale by hvd.size(): the same)
+REFERENCE_BATCH = 128
 
 
 def stop(message):
@@ -75,14 +79,6 @@ def setup(args):
     world.gpu_roll_call(dataclasses.replace(where, device=placed.device),
                         gather=hvd.allgather_object)
     return placed.device
-
-
-def scaled_lr(args, global_batch):
-    """The learning rate of this run: --lr is tuned for a batch of REFERENCE_BATCH (notebook 08)."""
-    if args.lr_scaling == "none":
-        return args.lr
-    ratio = global_batch / REFERENCE_BATCH  # Horovod: its examples scale by hvd.size(): the same
-    return args.lr * (ratio if args.lr_scaling == "linear" else math.sqrt(ratio))
 
 
 def evaluate(model, test_set, device, dtype=torch.float32, batch=1000):
@@ -178,7 +174,8 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
-        votes = training.stop_votes(self, self.log.elapsed(), args.time_budget, self.caught)
+        votes = training.stop_votes(self.log.elapsed(), args.time_budget, self.caught,
+                                    self.device, clock=self.rank == 0)
         votes = largest(votes, name="stop")  # Horovod: one vote stops every rank, here
         return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
@@ -267,7 +264,7 @@ def main(args):
 
     # Horovod: contiguous (NCHW) weights: its collectives refuse the DDP lab's channels_last
     model = FashionCNN(width=args.width, norm=args.norm).to(device, dtype)
-    lr = scaled_lr(args, global_batch)
+    lr = scaled_lr(args.lr, global_batch, args.lr_scaling, REFERENCE_BATCH)  # Horovod: of all ranks
     opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay)
     total = args.epochs * steps_per_epoch
     warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
@@ -326,6 +323,7 @@ def parse_args(argv=None):
                                 formatter_class=options.Defaults)
     options.common_options(p, REFERENCE_BATCH)  # every training lab's: --epochs, --lr, --resume...
     options.fashion_options(p)  # the FashionMNIST labs': --width, --train-images, --amp, ...
+    options.accumulate_option(p)  # --accumulate: backward_passes_per_step
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"],
                    help="SGD with Nesterov momentum 0.9, or AdamW")
     # Horovod: its own knobs

@@ -19,6 +19,7 @@ job array). `table` and `plot` read only study.json and the logs.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import math
@@ -105,10 +106,11 @@ def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
         task: int | None = None, echo: bool = False, timeout: float = 3600) -> list[Path]:
     """Run the study's runs that have no complete log of this lab yet, one after the other; return
     the logs. A complete log is reused only when the lab file that wrote it is the same, byte for
-    byte: each run's ``<name>.lab-sha256`` holds the hash of the lab it was started with, so an
-    edited lab (a learner's exercise, a fix) runs the study again.
+    byte: each run's ``<name>.lab-sha256`` holds the hash of the lab it was started with (and of
+    the labs beside it that it imports: ``lab_digest``), so an edited lab (a learner's exercise,
+    a fix) runs the study again.
 
-    ``lab``: a lab script (default: ``fashion_ddp.py``, the learner's or the solution, as
+    ``lab``: a lab script (default: ``fashion_study.py``, the learner's or the solution, as
     ``launch.lab`` finds it), launched as ``torchrun --nproc-per-node K lab <batch option>
     *lab_args --log-json OUT/<name>.jsonl`` with OMP_NUM_THREADS=threads. ``task=i``: only the
     i-th run of the plan (a Slurm array task). ``echo`` shows the lab's own lines. A run that
@@ -142,7 +144,7 @@ def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
               "(one GPU per process), which is a different study: keep K ≤ the GPUs", flush=True)
 
     logs = []
-    digest = hashlib.sha256(lab.read_bytes()).hexdigest()
+    digest = lab_digest(lab)
     bar = tqdm(todo, unit="run", desc="scaling", disable=bar_off(0))
     for r in bar:
         log, made_by = out / r["log"], out / f"{r['name']}.lab-sha256"
@@ -174,13 +176,30 @@ def run(out, lab=None, modes=MODES, workers=(1, 2), batch_size: int = 128,
     return logs
 
 
+def lab_digest(lab: Path) -> str:
+    """The SHA-256 of ``lab`` and of the labs beside it that it imports (fashion_study.py runs
+    fashion_ddp.py's data, setup and Trainer): an edit to either is another lab."""
+    digest = hashlib.sha256(lab.read_bytes())
+    names = set()
+    for node in ast.walk(ast.parse(lab.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    for name in sorted(names):
+        beside = lab.parent / f"{name}.py"
+        if beside.is_file():
+            digest.update(beside.read_bytes())
+    return digest.hexdigest()
+
+
 def _find_lab(lab) -> Path:
     if lab is None:
-        return launch.lab("fashion_ddp.py")
+        return launch.lab("fashion_study.py")
     path = Path(lab)
     if path.is_file():
         return path
-    return launch.lab(str(lab))  # a lab's name: fashion_ddp or fashion_ddp.py
+    return launch.lab(str(lab))  # a lab's name: fashion_study or fashion_study.py
 
 
 def _save_study(out: Path, runs: list[dict], facts: dict) -> dict:
@@ -370,7 +389,7 @@ def parse_args(argv=None):
     r.add_argument("--out", default="runs/scaling",
                    help="folder for study.json and the logs (default: runs/scaling)")
     r.add_argument("--lab", default=None,
-                   help="lab script or name (default: fashion_ddp.py: labs/'s copy, "
+                   help="lab script or name (default: fashion_study.py: labs/'s copy, "
                         "or solutions/labs/'s when run under solutions/)")
     r.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES,
                    help="strong: a fixed global batch; weak: a fixed batch per worker "
@@ -414,7 +433,7 @@ def main(argv=None) -> None:
         except NotImplementedError as err:  # the learner's labs/ copy, exercises not done yet
             raise CourseError(f"{str(err).split('. ')[0]}. Complete it (its notebook's check says "
                               "when it is right), or study the complete lab: "
-                              "--lab solutions/labs/fashion_ddp.py") from None
+                              "--lab solutions/labs/fashion_study.py") from None
         print(format_table(table(args.out)))
     elif args.command == "table":
         print(format_table(table(args.out)))

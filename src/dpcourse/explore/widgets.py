@@ -9,10 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from dpcourse.lab.optim import (  # the labs' own, for notebook 08's explorers
-    REFERENCE_BATCH,
-    warmup_then_decay,
-)
+from dpcourse.lab.optim import RULES, scaled_lr, warmup_then_decay  # the labs' own (notebook 08)
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
 
@@ -124,17 +121,15 @@ def lr_batch_explorer(X: torch.Tensor, y: torch.Tensor, samples: int = 30_000):
 
 # ---------------------------------------------------------------- notebook 08: learning-rate rules
 TRAIN_IMAGES = 60_000  # FashionMNIST's training set
-LR_RULES = ("none", "linear", "sqrt")
+LR_RULES = RULES
+REFERENCE_BATCH = 128  # the FashionMNIST labs' (tests/test_schedule.py holds them equal)
 
 
 def peak_lr(rule: str, base_lr: float, global_batch: int,
             reference_batch: int = REFERENCE_BATCH) -> float:
     """``base_lr`` (tuned for ``reference_batch``) scaled for ``global_batch``: unchanged (none),
     times G / reference (linear, Goyal et al. 2017), or times its square root (sqrt)."""
-    if rule not in LR_RULES:
-        raise ValueError(f"rule must be one of {LR_RULES}, not {rule!r}")
-    ratio = global_batch / reference_batch
-    return base_lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[rule]
+    return scaled_lr(base_lr, global_batch, rule, reference_batch)
 
 
 def lr_schedule(rule: str, base_lr: float, batch: int, world_size: int, warmup_epochs: float,

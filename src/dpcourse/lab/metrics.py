@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -123,6 +124,16 @@ class StepTimer:
             return collective(*args, **kwargs)
         counted.__name__ = collective.__name__
         return counted
+
+    @contextmanager
+    def paused(self):
+        """Count no collective inside: a lab's own between its steps (its log's, its evaluation's)
+        are not a step's."""
+        was, self.open = self.open, False
+        try:
+            yield
+        finally:
+            self.open = was
 
     def start(self):
         if self.enabled:

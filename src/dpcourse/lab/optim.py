@@ -7,8 +7,9 @@ layer moves by about the same fraction of its weights per step. Biases and norma
 (1-D tensors) are left out of the adaptation and the weight decay, as in the paper's ImageNet runs.
 LAMB (You et al., 2019) is the same idea on top of Adam's update.
 
-Also the one learning-rate schedule of every lab and of notebook 08's explorer,
-``warmup_then_decay``, and the FashionMNIST labs' ``REFERENCE_BATCH``.
+Also the one batch-and-rate policy of every training lab, ``scaled_lr`` (each lab states the
+global batch its --lr is tuned for), and their one schedule, ``warmup_then_decay``, which notebook
+08's explorer draws too.
 """
 from __future__ import annotations
 
@@ -16,8 +17,19 @@ import math
 
 import torch
 
-# the FashionMNIST labs: --lr is the learning rate tuned for this global batch (notebook 08)
-REFERENCE_BATCH = 128
+RULES = ("none", "linear", "sqrt")  # --lr-scaling
+
+
+def scaled_lr(lr: float, global_batch: int, rule: str, reference_batch: int) -> float:
+    """The rate for ``global_batch``, from ``lr``, the rate tuned for ``reference_batch``:
+    ``none`` keeps it; ``linear`` multiplies it by global_batch / reference_batch (Goyal et al.,
+    2017: k times the batch, k times the rate); ``sqrt`` by the square root of that (Krizhevsky,
+    2014; Hoffer et al., 2017). One optimizer step averages the gradients of the global batch,
+    whatever the number of workers that computed them: that batch sets the rate."""
+    if rule not in RULES:
+        raise ValueError(f"--lr-scaling {rule!r}: one of {', '.join(RULES)}")
+    ratio = global_batch / reference_batch
+    return lr if rule == "none" else lr * (ratio if rule == "linear" else math.sqrt(ratio))
 
 
 def warmup_then_decay(total: int, warmup: int, decay: str = "linear"):

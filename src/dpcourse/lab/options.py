@@ -78,8 +78,8 @@ def ddp_options(p: argparse.ArgumentParser, timeout: float) -> None:
 
 
 def fashion_options(p: argparse.ArgumentParser) -> None:
-    """The options of the two FashionMNIST labs (DDP's and Horovod's): the same model, data and
-    steps."""
+    """The options of the FashionMNIST training labs (one process's, DDP's, the study's and
+    Horovod's): the same model, data and steps."""
     p.add_argument("--train-images", type=int, default=None,
                    help="train on the first N images only (the test set stays whole)")
     p.add_argument("--width", type=int, default=16, help="channels of the first conv layer")
@@ -89,13 +89,26 @@ def fashion_options(p: argparse.ArgumentParser) -> None:
                    help="also evaluate every N steps (default: each epoch)")
     p.add_argument("--amp", action="store_true",
                    help="bfloat16 autocast (GPUs with bf16, and CPUs)")
+
+
+def loader_options(p: argparse.ArgumentParser) -> None:
+    """The FashionMNIST training's two input pipelines (notebook 06): the whole split in memory,
+    or torchvision's per-image DataLoader."""
+    p.add_argument("--loader", default="memory", choices=["memory", "torchvision"],
+                   help="the whole split in memory, or a DataLoader of PIL images")
+    p.add_argument("--workers", type=int, default=2,
+                   help="DataLoader workers per rank (--loader torchvision)")
+
+
+def accumulate_option(p: argparse.ArgumentParser) -> None:
+    """--accumulate: micro-batches, one gradient average per step (the study lab's, Horovod's)."""
     p.add_argument("--accumulate", type=int, default=1,
                    help="split each worker's batch into N micro-batches; all-reduce once per step")
 
 
 def scaling_options(p: argparse.ArgumentParser) -> None:
-    """Notebooks 07-08's options of the DDP lab: where the time goes, how to send less, the
-    optimizer for large batches, and the two input pipelines."""
+    """Notebooks 07-08's options (fashion_study.py): where the time goes, DDP's buckets, how to
+    send less, micro-batches, and the optimizer for large batches."""
     p.add_argument("--time-split", action="store_true",
                    help="log each step's time split (data, forward, backward, all-reduce, "
                         "optimizer) and bytes sent")
@@ -120,10 +133,7 @@ def scaling_options(p: argparse.ArgumentParser) -> None:
                    help="LARS trust coefficient (--optimizer lars)")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lars"],
                    help="SGD with Nesterov momentum 0.9, AdamW or LARS")
-    p.add_argument("--loader", default="memory", choices=["memory", "torchvision"],
-                   help="the whole split in memory, or a DataLoader of PIL images")
-    p.add_argument("--workers", type=int, default=2,
-                   help="DataLoader workers per rank (--loader torchvision)")
+    accumulate_option(p)
 
 
 def imagenet_options(p: argparse.ArgumentParser) -> None:

@@ -129,13 +129,15 @@ class Window:
         return fields
 
 
-def stop_votes(env, elapsed: float, time_budget: float | None, caught) -> torch.Tensor:
-    """This rank's votes to stop after this step, on its device (``env``: a DistEnv, or anything
-    with ``rank`` and ``device``), for the lab's all-reduce (MAX) that makes every rank stop after
-    the same one: [rank 0's clock has run past ``time_budget``, the number of a signal this rank
-    caught (0: none)]. Only rank 0's clock counts: the ranks' clocks differ."""
-    over = env.rank == 0 and time_budget is not None and elapsed >= time_budget
-    return torch.tensor([float(over), float(caught.number)], device=env.device)
+def stop_votes(elapsed: float, time_budget: float | None, caught, device="cpu",
+               clock: bool = True) -> torch.Tensor:
+    """This process's votes to stop after this step, a tensor on ``device``: [its clock
+    (``elapsed``) has run past ``time_budget``, the number of a signal it caught (0: none)]. In a
+    data-parallel lab, every rank all-reduces its votes with MAX, so that all stop after the same
+    step; only rank 0's clock counts there (``clock`` False on the others): the ranks' clocks
+    differ."""
+    over = clock and time_budget is not None and elapsed >= time_budget
+    return torch.tensor([float(over), float(caught.number)], device=device)
 
 
 def stop_reason(votes: torch.Tensor, caught, step: int, max_steps: int | None) -> str | None:
@@ -175,6 +177,16 @@ def replicas_max_diff(model: torch.nn.Module, rank0_copy: Callable, largest: Cal
         diff = (p.detach() - rank0_copy(p.detach(), f"spread.{name}")).abs().max().float()
         spread = diff if spread is None else torch.maximum(spread, diff)
     return largest(spread).item()
+
+
+class Run(NamedTuple):
+    """What a training lab's loop carries besides the model: ``progress`` (what a checkpoint
+    resumes: epoch, step, ...), ``config`` (what a resume must match), ``log`` (the run's JSON
+    lines) and ``caught`` (the signals, preemption.catch)."""
+    progress: dict
+    config: dict
+    log: JsonLog
+    caught: object
 
 
 def tested(record: dict) -> str:

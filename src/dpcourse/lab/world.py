@@ -265,10 +265,10 @@ def choose_device(backend: str, local_rank: int = 0, device: str = "auto",
                    launcher=env_info().launcher)
     return placement(backend, device, info).device
 
-def bar_off(rank: int) -> bool | None:
-    """tqdm's ``disable`` for a rank's progress bar: off on every rank but 0, and off with
-    $TQDM_DISABLE (an explicit argument would override it); None lets tqdm switch itself off
-    when the output is not a terminal (CI, log files)."""
+def bar_off(rank: int = 0) -> bool | None:
+    """tqdm's ``disable`` for a rank's progress bar (one process: rank 0's): off on every rank
+    but 0, and off with $TQDM_DISABLE (an explicit argument would override it); None lets tqdm
+    switch itself off when the output is not a terminal (CI, log files)."""
     return True if rank != 0 or os.environ.get("TQDM_DISABLE") else None
 
 def stop(info: DistEnv, message: str, everyone: bool = False) -> NoReturn:
