@@ -12,6 +12,11 @@ replica of the model on its own shard of each global batch; DDP averages the gra
 backward, so the replicas stay identical. Rank 0 prints, logs (--log-json) and checkpoints; the
 ranks split the test set and sum their counts: each test image counts once. Notebooks 07-08's
 instruments (the time split, communication hooks, local SGD, LARS) are in fashion_study.py.
+
+First reading: main() top to bottom, then where it leads. load_data(): the DistributedSampler
+splits the data; main(): the learning rate for the global batch (optim.scaled_lr) and the DDP
+wrap; Trainer.run_step(): backward averages the gradients; Trainer.save(): rank 0 alone writes
+the checkpoint; Trainer.after_step(): all ranks agree to stop.
 """
 # DDP: a timeout for the collectives, world.stop bound to this rank (partial)
 import argparse
@@ -40,7 +45,7 @@ REFERENCE_BATCH = 128
 class Data(NamedTuple):
     train_set: InMemoryFashionMNIST  # the whole split, on the device
     test_set: InMemoryFashionMNIST
-    sampler: DistributedSampler  # DDP: this rank's indices of each epoch
+    sampler: DistributedSampler  # DDP: the indices of this rank, epoch by epoch
     loader: DataLoader | None  # --loader torchvision; None: batches cut from train_set
     batch: int  # DDP: this rank's share of each global batch
 
@@ -60,7 +65,7 @@ def cleanup():
     dist.destroy_process_group()  # DDP: leave the group so every rank exits cleanly
 
 
-def load_data(args, device, batch, rank, world_size):  # DDP: this rank's shard
+def load_data(args, device, batch, rank, world_size):  # DDP: which rank of how many
     """The two splits on ``device`` and the order of the training images (--loader)."""
     with world.rank0_first():  # DDP: rank 0 stages the files; the others wait, then read them
         train_set = InMemoryFashionMNIST(args.data_root, train=True, device=device,
@@ -159,7 +164,7 @@ class Trainer:
         p.update(epoch=epoch + 1, step_in_epoch=0)
         stop = self.test()
         rec = self.record("epoch", test_images=self.test_images)
-        if self.rank == 0:  # DDP: one line per epoch, also where there is no bar (logs, CI)
+        if self.rank == 0:  # DDP: rank 0 alone prints the epoch's line
             print(f"epoch {p['epoch']}: {training.tested(rec)}, {rec['elapsed_s']:.1f} s",
                   flush=True)
         self.save()
@@ -186,9 +191,11 @@ class Trainer:
             self.record("eval")
         elif step % args.log_every == 0:
             self.record("train")
+        # DDP: every rank stops after the same step: the votes on the device, for the all-reduce;
+        # only rank 0's clock counts (the ranks' clocks differ)
         votes = training.stop_votes(self.log.elapsed(), args.time_budget, self.caught,
-                                    self.device, clock=self.rank == 0)  # DDP: rank 0's clock
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: one vote stops every rank, here
+                                    self.device, clock=self.rank == 0)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: MAX: one rank's vote stops them all
         return stop or training.stop_reason(votes, self.caught, step, args.max_steps)
 
     def test(self):
@@ -232,11 +239,11 @@ class Trainer:
         untested = self.last_eval["test_accuracy"] is None or self.progress["step_in_epoch"]
         if stop != "signal" and untested:  # not in a time-limit warning's last seconds
             self.test()  # stopped mid-epoch: test what we have
-        spread = training.replicas_max_diff(  # DDP: 0.0: alike (rank 0's broadcast, then a MAX)
+        spread = training.replicas_max_diff(  # DDP: a check: how far from rank 0's (0.0: in sync)
             unwrap(self.model), training.broadcast_from_rank0, training.max_over_ranks)
         final = self.record("done", test_images=self.test_images, stop=stop,
-                            replicas_max_diff=spread)  # DDP: in the last record
-        if self.rank == 0:  # DDP: rank 0 reports and saves; the others hold the same weights
+                            replicas_max_diff=spread)  # DDP: the check, in the done record
+        if self.rank == 0:  # DDP: rank 0 reports and writes --save-model: the others are alike
             print(f"step {final['step']}: {training.tested(final)}, {final['elapsed_s']:.1f} s "
                   f"({stop})", flush=True)
             if args.save_model:
@@ -252,16 +259,16 @@ class Trainer:
 
 def main(args):
     caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
-    env = setup(args)  # DDP: join the process group
+    env = setup(args)  # DDP: the launcher's variables, this rank's device, the process group
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     device, stop = env.device, partial(world.stop, env)  # DDP: stop(why): rank 0 says it, all exit
     batch, global_batch = training.batch_sizes(args.batch_size, args.global_batch_size,
-                                               world_size, stop)  # DDP: × world size
+                                               world_size, stop)  # DDP: per rank and in all
     training.check_options(world_size, batch, stop, args.no_eval, args.target_accuracy,
-                           no_ddp=args.no_ddp)  # DDP: --no-ddp is the one-process baseline
+                           no_ddp=args.no_ddp)  # DDP: --no-ddp refused on several ranks
     dtype = training.deterministic(args.deterministic)  # float64 and fixed kernels, or float32
     torch.manual_seed(args.seed)  # the same initial weights every run
-    data = load_data(args, device, batch, rank, world_size)  # DDP: this rank's shard
+    data = load_data(args, device, batch, rank, world_size)  # DDP: with who I am
     steps_per_epoch = len(data.sampler) // batch
 
     model = FashionCNN(args.width, args.norm).to(device, dtype, memory_format=torch.channels_last)

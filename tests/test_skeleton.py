@@ -126,8 +126,6 @@ RECIPE_DEFAULTS = {
 OTHER_CHOICES = {
     "--amp": "FashionMNIST's labs: bfloat16 autocast on or off (a flag); ImageNet's recipe picks "
              "the precision per GPU, fp16 with loss scaling (a choice)",
-    "--optimizer": "LARS is notebook 08's, in the study lab only; the Horovod lab (notebook 11) "
-                   "takes SGD and AdamW",
 }
 
 

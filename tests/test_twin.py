@@ -28,6 +28,7 @@ from test_marks import MARK
 
 LABS = ROOT / "solutions" / "labs"
 SINGLE, DDP_LAB = LABS / "fashion_single.py", LABS / "fashion_ddp.py"
+HOROVOD_LAB = LABS / "fashion_horovod.py"
 
 
 def changed_lines(before: str, after: str) -> set[int]:
@@ -125,10 +126,22 @@ def unmarked(before: str, after: str) -> list[str]:
     return bad
 
 
-def test_every_line_the_diff_adds_says_why():
-    bad = unmarked(SINGLE.read_text(), DDP_LAB.read_text())
-    assert not bad, ("lines of fashion_ddp.py that fashion_single.py does not have, with no "
-                     "# DDP: reason:\n" + "\n".join(bad))
+@pytest.mark.parametrize("before, after, mark", [
+    (SINGLE, DDP_LAB, "DDP"),  # notebook 05: one process → DDP
+    (DDP_LAB, HOROVOD_LAB, "Horovod"),  # notebook 11: DDP → Horovod, siblings (issue 44, item 7)
+], ids=["single-to-ddp", "ddp-to-horovod"])
+def test_every_line_the_diff_adds_says_why(before, after, mark):
+    bad = unmarked(before.read_text(), after.read_text())
+    assert not bad, (f"lines of {after.name} that {before.name} does not have, with no "
+                     f"# {mark}: reason:\n" + "\n".join(bad))
+
+
+def test_the_horovod_lab_carries_no_ddp():
+    """Horovod's lab says Horovod where the DDP lab says DDP: no torch.distributed, no DDP mark."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(HOROVOD_LAB.read_text()).readline))
+    found = {t.string for t in tokens if t.type == tokenize.NAME} & {"dist", "DDP", "unwrap"}
+    found |= {t.string for t in tokens if t.type == tokenize.COMMENT and "# DDP:" in t.string}
+    assert not found, f"fashion_horovod.py: {sorted(found)}"
 
 
 def test_the_twin_has_no_distribution():
@@ -151,10 +164,13 @@ def _plant(text: str, after: str, line: str) -> str:
     # an unmarked statement added where the lesson happens
     (lambda t: _plant(t, "        self.opt.step()\n", "        torch.manual_seed(1)\n"),
      "torch.manual_seed(1)"),
-    # the stop vote's all-reduce without its reason
-    (lambda t: t.replace("dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: one vote stops "
-                         "every rank, here", "dist.all_reduce(votes, op=dist.ReduceOp.MAX)"),
-     "dist.all_reduce(votes, op=dist.ReduceOp.MAX)"),
+    # the last barrier without its reason
+    (lambda t: t.replace("dist.barrier()  # DDP: wait for rank 0's checkpoint", "dist.barrier()"),
+     "dist.barrier()"),
+    # a paragraph's mark does not reach past a blank line
+    (lambda t: _plant(t, "        dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # DDP: MAX: one "
+                         "rank's vote stops them all\n", "\n        torch.manual_seed(2)\n"),
+     "torch.manual_seed(2)"),
     # a plain comment is not a reason
     (lambda t: _plant(t, "        self.opt.zero_grad(set_to_none=True)\n",
                       "        # zero the gradients first\n"), "# zero the gradients first"),

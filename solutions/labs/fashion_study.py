@@ -6,12 +6,13 @@
     torchrun --standalone --nproc-per-node 2 solutions/labs/fashion_study.py --comm-hook powersgd
 
 The lesson is fashion_ddp.py: this file takes its data, setup and Trainer and adds what notebooks
-07 and 08 study. Notebook 07: where a step's time goes (--time-split, --profile-trace) and DDP's
-gradient buckets (--bucket-cap-mb, --grad-as-bucket-view). Notebook 08: the learning rate for a
-larger global batch (--lr-scaling, scaled_lr: its exercise 1), LARS (--optimizer lars), and
-sending less: micro-batches under no_sync (--accumulate), compressed or low-rank gradients
-(--comm-hook fp16, bf16, powersgd) and post-local SGD (--local-sgd). Lines there because of
-distribution are marked `# DDP:`.
+07 and 08 study, in a subclass of its Trainer (StudyTrainer: the step timed, micro-batches, local
+SGD) and a main() of its own (the lesson's, with the instruments set up). Notebook 07: where a
+step's time goes (--time-split, --profile-trace) and DDP's gradient buckets (--bucket-cap-mb,
+--grad-as-bucket-view). Notebook 08: the learning rate for a larger global batch (--lr-scaling,
+scaled_lr: its exercise 1), LARS (--optimizer lars), and sending less: micro-batches under no_sync
+(--accumulate), compressed or low-rank gradients (--comm-hook fp16, bf16, powersgd) and post-local
+SGD (--local-sgd). Lines there because of distribution are marked `# DDP:`.
 """
 import argparse
 import math
@@ -36,10 +37,11 @@ from dpcourse.lab.optim import optimizer_by_name, warmup_then_decay
 from fashion_ddp import REFERENCE_BATCH, Trainer, cleanup, load_data, setup
 
 
-def scaled_lr(lr, rule, batch, world_size):
+def scaled_lr(lr, batch, world_size, rule):
     """The learning rate of this run, by --lr-scaling ``rule``: ``lr`` is tuned for a global batch
-    of REFERENCE_BATCH, and ``batch`` is one worker's (notebook 08, exercise 1; the lesson labs
-    call dpcourse.lab.optim.scaled_lr, the same rules)."""
+    of REFERENCE_BATCH, and ``batch`` is one worker's (notebook 08, exercise 1). The lesson labs
+    call dpcourse.lab.optim.scaled_lr(lr, global_batch, rule, reference_batch): here you write
+    its rules yourself."""
     if rule == "none":
         return lr
     ### BEGIN SOLUTION (hint: "linear" (Goyal et al.) multiplies lr by how many times larger than REFERENCE_BATCH the batch is that one optimizer step averages over; "sqrt" by the square root of that. batch is one worker's.)
@@ -140,7 +142,7 @@ def main(args):
     steps_per_epoch = len(data.sampler) // batch
 
     model = FashionCNN(args.width, args.norm).to(device, dtype, memory_format=torch.channels_last)
-    lr = scaled_lr(args.lr, args.lr_scaling, batch, world_size)  # exercise 1 of notebook 08
+    lr = scaled_lr(args.lr, batch, world_size, args.lr_scaling)  # exercise 1 of notebook 08
     opt = optimizer_by_name(args.optimizer, model.parameters(), lr, args.weight_decay,
                             args.lars_eta)
     total = args.epochs * steps_per_epoch

@@ -1,5 +1,6 @@
 """A lab read as the diff from its twin: what notebook 05 shows of fashion_single.py →
-fashion_ddp.py (the lines data parallelism adds, each marked with its reason).
+fashion_ddp.py (the lines data parallelism adds, each marked with its reason), and notebook 11 of
+fashion_ddp.py → fashion_horovod.py (DDP's lines and Horovod's in their place).
 
 ``lab_diff("fashion_single", "fashion_ddp")`` finds both where ``launch.lab`` finds labs (the
 learner's own copies in ``labs/``, or ``solutions/labs/``), and returns Markdown that JupyterLab
@@ -48,5 +49,5 @@ def lab_diff(before: str, after: str, context: int = 2):
                                           lineterm=""))
     head = (f"`{before}.py` {n['lines'][0]} lines → `{after}.py` {n['lines'][1]} lines: "
             f"**{n['added']} lines added or changed**, {n['marks']} of them with a mark "
-            f"(`# DDP: …`); {n['removed']} lines removed or changed.")
+            f"(`# DDP: …`, `# Horovod: …`); {n['removed']} lines removed or changed.")
     return Markdown(f"{head}\n\n```diff\n{body}\n```")

@@ -106,6 +106,22 @@ def accumulate_option(p: argparse.ArgumentParser) -> None:
                    help="split each worker's batch into N micro-batches; all-reduce once per step")
 
 
+def horovod_options(p: argparse.ArgumentParser) -> None:
+    """The Horovod lab's (notebook 11): its one-process baseline, backward passes per step, and the
+    knobs it passes to Horovod (compression, Adasum, Tensor Fusion's buffer)."""
+    p.add_argument("--no-hvd", action="store_true", help="one process with the plain optimizer, "
+                   "no hvd.DistributedOptimizer (overhead baseline)")
+    accumulate_option(p)
+    p.add_argument("--compression", default="none", choices=["none", "fp16"],
+                   help="gradients sent as fp16")
+    p.add_argument("--adasum", action="store_true",
+                   help="combine gradients with Adasum, not averaging (MPI; a power of 2 "
+                        "ranks on the CPU, of nodes on GPUs)")
+    p.add_argument("--fusion-threshold-mb", type=float, default=None,
+                   help="Tensor Fusion buffer (default: Horovod's, 128 MB, or "
+                   "$HOROVOD_FUSION_THRESHOLD)")
+
+
 def scaling_options(p: argparse.ArgumentParser) -> None:
     """Notebooks 07-08's options (fashion_study.py): where the time goes, DDP's buckets, how to
     send less, micro-batches, and the optimizer for large batches."""
