@@ -190,6 +190,19 @@ def test_the_check_finds_an_unmarked_line(mutate, expected):
     assert any(expected in line for line in bad), bad
 
 
+def test_the_notebooks_diff_counts_what_it_shows():
+    """dpcourse.explore.diffs: the counts above the diff are those of the diff shown, and a mark
+    whose label alone changed (DDP → Horovod, the same reason) is no change."""
+    from dpcourse.explore.diffs import diff_counts, diff_lines
+
+    before = ["a", "x = 1  # DDP: why", "b", "old"]
+    after = ["a", "x = 1  # Horovod: why", "c  # Horovod: new", "b"]
+    lines, n = diff_lines(before, after), diff_counts(before, after)
+    assert (n["added"], n["removed"], n["marks"]) == (1, 1, 1)
+    assert [line for line in lines if line[:1] in "+-"] == ["+c  # Horovod: new", "-old"]
+    assert " x = 1  # Horovod: why" in lines  # unchanged, shown as the lab after has it
+
+
 def test_changed_lines_are_the_diff():
     assert changed_lines("a\nb\nc\n", "a\nB\nc\nd\n") == {2, 4}
     assert changed_lines("a\nb\n", "a\nb\n") == set()
