@@ -2,20 +2,20 @@
 
     horovodrun -np 2 python labs/fashion_horovod.py         # two processes (gloo or MPI)
     horovodrun --gloo -np 2 python labs/fashion_horovod.py  # gloo: no MPI needed
-    mpirun -np 2 python labs/fashion_horovod.py             # two Open MPI ranks (*)
+    mpirun -np 2 python labs/fashion_horovod.py             # Open MPI (root: see below)
     srun --mpi=pmix python labs/fashion_horovod.py          # Slurm (slurm/horovod.sbatch)
     python labs/fashion_horovod.py                          # one process
 
-(*) as root: mpirun --allow-run-as-root. `make horovod` builds Horovod into .venv.
-
-labs/fashion_ddp.py with Horovod's lines in place of DDP's, each marked `# Horovod:`,
-and nothing else: the same model, data, options, checkpoints and log (notebook 11 shows the diff).
-DDP wraps the model, Horovod the optimizer: hvd.DistributedOptimizer averages each gradient across
-the ranks (Tensor Fusion: in fused batches) while backward runs; optimizer.step() waits for them.
-First reading: main(), with the optimizer's wrap and the broadcasts of rank 0's state; then
-load_data() (the sampler), Trainer.run_step() and Trainer.save() (rank 0 alone writes).
+labs/fashion_ddp.py with Horovod's lines in place of DDP's, each marked `# Horovod:`
+(notebook 11 shows the diff; `make horovod` builds Horovod): the same model, data, checkpoints
+and log records. DDP wraps the model, Horovod the optimizer: hvd.DistributedOptimizer averages
+each gradient across the ranks (Tensor Fusion: in fused batches) while backward runs, and step()
+waits for them. Horovod's own: its set-up and collectives, rank 0's checkpoint shared by
+broadcasts, NCHW weights, options (--no-hvd, --accumulate, --compression, --adasum,
+--fusion-threshold-mb), log fields. As root, mpirun needs --allow-run-as-root. First reading:
+main() (the rate, the optimizer's wrap, the broadcasts), load_data(), run_step(), save().
 """
-# Horovod: its environment variables, its own copy of a DistEnv
+# Horovod: os for its environment variables, dataclasses to copy a DistEnv
 import argparse
 import dataclasses
 import os
@@ -30,7 +30,7 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm.auto import tqdm
 
 from dpcourse.lab import optim, options, preemption, training, world
-from dpcourse.lab.data import InMemoryFashionMNIST  # Horovod: in memory only, no --loader
+from dpcourse.lab.data import InMemoryFashionMNIST  # Horovod: in memory only: no --loader here
 from dpcourse.lab.errors import CourseError  # Horovod: the device check's refusal, said once
 from dpcourse.lab.models import FashionCNN
 
@@ -58,15 +58,14 @@ def largest(tensor, name="largest"):  # Horovod: the elementwise maximum over th
 def setup(args):  # Horovod: its own set-up, instead of a process group
     """The device of this process, after Horovod has found its peers."""
     if args.fusion_threshold_mb is not None:
-        # Horovod: Tensor Fusion packs ready gradients into one buffer of up to this many bytes
-        # (DDP: bucket_cap_mb); hvd.init() reads it once.
+        # Horovod: Tensor Fusion's buffer for ready gradients (DDP: bucket_cap_mb), read by init
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     hvd.init()  # Horovod: rank and size from horovodrun (gloo) or MPI (mpirun, srun --mpi=pmix)
-    world.explain_errors()  # Horovod: an unfinished exercise, a lost peer: one line, not K
+    world.explain_errors()  # Horovod: an error in one line from rank 0, not a traceback per rank
     # Horovod: this process's ranks and sizes, as Horovod found them
     where = world.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
                           world.env_info().launcher)
-    # Horovod: cuda:LOCAL_RANK, or cuda:0 when srun bound one GPU; Horovod's own backend
+    # Horovod: cuda:LOCAL_RANK, or cuda:0 when srun bound one GPU each ("gloo": no NCCL check)
     try:
         placed = world.placement("gloo", args.device, where)
     except CourseError as err:
@@ -181,10 +180,10 @@ class Trainer:
         for xm, ym in zip(x.chunk(n), y.chunk(n)):  # Horovod: n micro-batches, one average
             with self.amp:
                 loss = F.cross_entropy(self.model(xm), ym) / n  # Horovod: the mean of the n
-            loss.backward()  # Horovod: each gradient's allreduce starts as soon as it is ready
+            loss.backward()  # Horovod: the n-th pass starts each gradient's allreduce when ready
         self.opt.step()  # Horovod: waits for the averaged gradients, then steps
         self.sched.step()
-        return loss.detach().float() * n  # Horovod: the whole batch's loss
+        return loss.detach().float() * n  # Horovod: the last micro-batch's mean loss
 
     def after_step(self, i):
         """A checkpoint, evaluation or log record when one is due; why training stops, or None."""
@@ -279,7 +278,8 @@ def main(args):
     data = load_data(args, device, batch, rank, world_size)  # Horovod: with who I am
     steps_per_epoch = len(data.sampler) // batch
 
-    model = FashionCNN(args.width, args.norm).to(device, dtype)  # Horovod: NCHW, not channels_last
+    # Horovod: NCHW weights: Horovod's collectives refuse channels_last tensors
+    model = FashionCNN(args.width, args.norm).to(device, dtype)
     # Horovod: one step averages the gradients of the GLOBAL batch: its size sets the rate
     lr = optim.scaled_lr(args.lr, global_batch, args.lr_scaling, REFERENCE_BATCH)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,

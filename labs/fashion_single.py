@@ -50,7 +50,7 @@ def load_data(args, device, batch):
     loader = None  # --loader memory: each batch is cut from the tensors by the sampler's indices
     if args.loader == "torchvision":  # the classic per-sample pipeline, fed by the same sampler
         loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True), batch_size=batch,
-                            sampler=sampler,
+                            shuffle=True, generator=sampler.generator,  # reseeded by batches()
                             num_workers=args.workers, drop_last=True,
                             worker_init_fn=preemption.ignore_in_worker,
                             pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
