@@ -210,8 +210,8 @@ WRONG.update({
         "the global batch per worker": (Lab(
             "fashion_ddp.py", "a DataLoader over torchvision_fashion_mnist", """
             loader = DataLoader(torchvision_fashion_mnist(args.data_root, train=True),
-                                batch_size=global_batch, sampler=sampler, num_workers=args.workers,
-                                drop_last=True)"""),
+                                batch_size=args.global_batch_size, sampler=sampler,
+                                num_workers=args.workers, drop_last=True)"""),
             "each DataLoader batch must be this rank's share of the global batch"),
     },
 })
