@@ -194,6 +194,10 @@ WRONG.update({
         "the evaluation's all_reduce forgotten": (Lab(
             "fashion_ddp.py", "sum the three totals", "pass"),
             "sum the totals over all ranks"),
+        # rank 0's log is right; the other ranks hold partial sums (found by a learner's trial)
+        "the totals reduced to rank 0 only": (Lab(
+            "fashion_ddp.py", "sum the three totals", "dist.reduce(totals, dst=0)"),
+            "every rank must hold the global sums (dist.all_reduce, not a reduce to rank 0)"),
     },
     ("06_data_sharding.ipynb", "exercise 3"): {
         "the DataLoader shuffles on its own": (Lab(

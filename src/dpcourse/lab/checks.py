@@ -1,6 +1,7 @@
 """The checks of the course's labs that are too long to read beside the lesson: the grader of
 ``labs/ddp_by_hand.py --check`` (notebook 05), which trains each hand-made DDP on a model built to
-trip one and compares it with one process on the whole global batch.
+trip one and compares it with one process on the whole global batch; and the referee of a lab's
+``evaluate`` (notebook 05's exercise 3), which shows what every rank, not only rank 0, got.
 
 The lab keeps the lesson (its three DDPs, and the lines that launch them); this module keeps the
 referee: the model with a frozen weight, a tied weight and a skipped layer, the watch that notices
@@ -161,3 +162,41 @@ def hand_made_ddp(variants, env, seed=0, steps=4, lr=0.2, tolerance=1e-5) -> boo
             verdict = f"ok (max |Δ| {diff:.0e})" if why is None else f"WRONG — {why}"
             print(f"{name}: {verdict}", flush=True)
     return all_ok
+
+
+def evaluate_on_every_rank(lab_path: str, log_json: str | None = None) -> list:
+    """Notebook 05's referee of a lab's ``evaluate(model, test_set, device)``: every rank calls it
+    on the same model (seed 0, width 4) and the whole FashionMNIST test set, and rank 0 logs what
+    each rank got, [loss, accuracy, images], in one record (``{"event": "evaluate", "ranks":
+    [...]}``). A lab that sums the totals onto rank 0 only (a reduce, not an all-reduce) leaves the
+    other ranks with numbers of their own: an accuracy that only rank 0 can trust."""
+    import importlib.util
+
+    from dpcourse.lab.data import InMemoryFashionMNIST
+    from dpcourse.lab.metrics import JsonLog
+    from dpcourse.lab.models import FashionCNN
+
+    env = world.setup(backend="gloo", device="cpu")
+    spec = importlib.util.spec_from_file_location("lab_under_test", lab_path)
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    torch.manual_seed(0)
+    model = FashionCNN(4, "none")
+    got = [float(v) for v in lab.evaluate(model, InMemoryFashionMNIST(train=False), env.device)]
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, got)  # what each rank's evaluate returned, on every rank
+    if env.rank == 0:
+        JsonLog(log_json).write("evaluate", ranks=seen)
+    world.cleanup()
+    return seen
+
+
+if __name__ == "__main__":  # torchrun .../dpcourse/lab/checks.py evaluate LAB [--log-json PATH]
+    import argparse
+
+    p = argparse.ArgumentParser(description="the referees of the course's labs")
+    p.add_argument("what", choices=["evaluate"])
+    p.add_argument("lab", help="the lab file whose evaluate() every rank calls")
+    p.add_argument("--log-json", default=None, help="rank 0 writes its record here")
+    a = p.parse_args()
+    evaluate_on_every_rank(a.lab, a.log_json)
