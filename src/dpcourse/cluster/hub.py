@@ -480,8 +480,6 @@ def demo(learners: int = 3, port: int = 8000) -> int:
         try:
             env = {**os.environ, **cluster.env, **room.env,
                    "DPCOURSE_HUB_BIND_URL": f"http://127.0.0.1:{port}",
-                   **{f"DPCOURSE_HUB_{k}": f"http://127.0.0.1:{p}" for k, p in  # not 8081, 8001:
-                      zip(("HUB_BIND_URL", "PROXY_API_URL"), localslurm._free_ports(2))},
                    "DPCOURSE_HUB_GPUS": "0", "DPCOURSE_HUB_CPUS": "1", "DPCOURSE_HUB_MAX_CPUS": "2",
                    "DPCOURSE_HUB_TIME": "01:00:00", "DPCOURSE_HUB_IDLE_TIMEOUT": "900",
                    "DPCOURSE_HUB_MEMORY": "1", "DPCOURSE_HUB_MAX_MEMORY": "4",
@@ -492,8 +490,22 @@ def demo(learners: int = 3, port: int = 8000) -> int:
             )
             shutil.rmtree(state / "records", ignore_errors=True)  # a past demo's learners are gone
             rooms.setup(state / "records", users=names)
-            hub = start_hub(course, env, state / "hub.log", user=room.service)
-            took = wait_up(f"http://127.0.0.1:{port}", hub, state / "hub.log")
+            log = state / "hub.log"
+            for attempt in range(3):  # a port found free may be taken before the hub binds it
+                env.update({f"DPCOURSE_HUB_{k}": f"http://127.0.0.1:{p}" for k, p in  # not 8081,
+                            zip(("HUB_BIND_URL", "PROXY_API_URL"), localslurm._free_ports(2))})
+                before = log.stat().st_size if log.exists() else 0
+                hub = start_hub(course, env, log, user=room.service)
+                try:
+                    took = wait_up(f"http://127.0.0.1:{port}", hub, log)
+                    break
+                except RuntimeError:  # the hub exited, or did not answer in time
+                    taken = b"EADDRINUSE" in log.read_bytes()[before:]  # this start's lines only
+                    if hub.poll() is None or not taken or attempt == 2:
+                        raise
+                    hub = None  # it exited: start it again on other free ports
+                    print("a port given to the hub was taken meanwhile: again, on others",
+                          flush=True)
             print(f"\nThe room's hub is up (in {took:.1f} s): http://127.0.0.1:{port}\n")
             for n in names:
                 print(f"    {n}  password {passwords[n]}")
