@@ -36,6 +36,21 @@ def test_fsdp_matches_ddp_within_the_stated_tolerance_on_3_ranks(tmp_path, fashi
     assert result.stdout.count("≤ --tolerance 1.0e-04: ok") == 1, result.stdout
 
 
+@pytest.mark.parametrize("left_full", [None, "0", "1", "2", "3"])
+def test_each_dtensor_cache_explain_empties_at_exit_is_needed(left_full):
+    """dpcourse.lab.explain empties four of DTensor's caches at exit, and each one is needed: with
+    any one of them left full, the destroyed group's gloo threads are still alive as the process
+    exits (where a rank can abort), and with all four emptied none is. One process, a 1-rank mesh
+    (tests/helpers/fsdp_exit.py): the caches hold the group whatever the world's size."""
+    result = run([sys.executable, str(ROOT / "tests" / "helpers" / "fsdp_exit.py"),
+                  *([left_full] if left_full else [])], timeout=120,
+                 env={"DPCOURSE_EXIT_THREADS": "1"})
+    assert result.returncode == 0, result.stdout
+    threads = re.findall(r"\[exit\] rank \S+ threads: (.*)", result.stdout)
+    assert len(threads) == 1, result.stdout
+    assert ("gloo" in threads[0]) == (left_full is not None), threads[0]
+
+
 def test_fsdp_that_ends_off_ddp_fails_the_comparison(tmp_path, fashion_root):
     """The comparison is a check, not a display. Without the root's fully_shard, GroupNorm's weights
     stay whole on each rank and their gradients are never averaged: FSDP ends about 5e-3 from DDP

@@ -16,6 +16,7 @@ SGD (--local-sgd). Lines there because of distribution are marked `# DDP:`.
 """
 import argparse
 import math
+import os
 import sys
 from contextlib import nullcontext
 from functools import partial
@@ -111,7 +112,6 @@ class StudyTrainer(Trainer):
         if self.profiler:
             self.profiler.stop()
         super().finish(stop)
-        self.timer.close()  # torch.distributed's own collectives back, were a timed step left open
 
 
 def send_less(args, model, timer, step):
@@ -129,6 +129,9 @@ def send_less(args, model, timer, step):
 
 def main(args):
     caught = preemption.catch()  # SIGUSR1 (a time-limit warning), SIGTERM: stop after a step, saved
+    # DDP: PyTorch's flight recorder keeps this process's last 2,000 collectives (set before the
+    # group exists); --time-split counts each step's bytes from it
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     env = setup(args)  # DDP: fashion_ddp's: join the process group
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     device, stop = env.device, partial(world.stop, env)  # DDP: stop(why): rank 0 says it, all exit

@@ -49,9 +49,10 @@ def _release_destroyed_groups() -> None:
     FSDP (``fully_shard``) the destroyed group and gloo's threads live on into the interpreter's
     exit, where a rank can abort ("terminate called without an active exception"; 3 gloo ranks of
     labs/fsdp_fashion.py, in CI). Emptied here, the group is freed and its threads end before Python
-    does. The sharding cache is per thread: this empties the main thread's, which is all of it on
-    the CPU (backward runs there), not what autograd's GPU threads filled. A group still initialized
-    (no cleanup) is left as it is."""
+    does. Each of the four is needed: with any one left full, the threads outlive Python
+    (tests/test_sharded.py leaves each full in turn). The sharding cache is per thread: this
+    empties the main thread's, which is all of it on the CPU (backward runs there), not what
+    autograd's GPU threads filled. A group still initialized (no cleanup) is left as it is."""
     if not dist.is_available() or dist.is_initialized() \
             or "torch.distributed.tensor" not in sys.modules:
         return

@@ -9,6 +9,7 @@ One object per line; at least ``event``, ``epoch``, ``step``, ``world_size``, ``
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -16,6 +17,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from dpcourse.lab import world
+from dpcourse.lab.whoami import env_info
 
 
 class JsonLog:
@@ -52,6 +56,23 @@ def read_log(path: str | os.PathLike) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+# The bytes of one element of each dtype, by the name the flight recorder gives it (c10's).
+DTYPE_BYTES = {"Bool": 1, "Byte": 1, "Char": 1, "Short": 2, "Half": 2, "BFloat16": 2, "Int": 4,
+               "Float": 4, "Long": 8, "Double": 8, "ComplexFloat": 8, "ComplexDouble": 16}
+
+
+def flight_recorder() -> dict:
+    """What PyTorch's flight recorder holds now: this process's last collectives, on every backend
+    (``TORCH_FR_BUFFER_SIZE`` of them, set before ``init_process_group``; 0 turns it off). Its
+    ``entries`` (oldest first) say which collective, on which group, with which tensors' shapes and
+    dtypes, and when it was created (``time_created_ns``, the wall clock of ``time.time_ns()``).
+    The time split counts a step's bytes with it."""
+    from torch._C import _distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_fr_trace_json", None) or c10d._dump_nccl_trace_json
+    return json.loads(dump(includeCollectives=True, onlyActive=False))
+
+
 class StepTimer:
     """Where a training step's time goes, and how many bytes it hands to collectives.
 
@@ -64,22 +85,18 @@ class StepTimer:
     backward is computation. ``comm_ms`` is the sum, over buckets, of launch → done: the whole
     all-reduce time, hidden or not.
 
-    Bytes: while a step is open, calls of ``torch.distributed`` collectives made from Python (DDP
-    hooks, PowerSGD, model averaging) are counted: how many calls, and the payload in bytes this
-    rank hands over, in groups of more than one rank. DDP's built-in all-reduce runs in C++ and is
-    not seen: time a run with a registered hook (``default_hooks.allreduce_hook`` does what the
-    built-in does).
-
-    The counting wraps those ``torch.distributed`` functions from ``start()`` to ``stop()`` only,
-    and puts torch's own back after each step; ``close()`` (or leaving a ``with StepTimer(...)``
-    block) puts them back if a step was left open. Nothing outside a timed step is wrapped.
+    Bytes: the timer only notes when each step was open (``start()`` to ``stop()``, less what
+    ``paused()`` leaves out). ``report()`` reads PyTorch's flight recorder (``flight_recorder()``),
+    which records every collective the process group runs, from Python or from C++ (DDP's built-in
+    all-reduce, PowerSGD's all-reduces launched from gloo's thread), and counts those created while
+    a step was open, in groups of more than one rank: how many, and the payload in bytes this rank
+    handed over. Nothing of ``torch.distributed`` is replaced. The recorder must hold every
+    collective between two reports (``TORCH_FR_BUFFER_SIZE``): a report that finds some gone says
+    so and stops the run, rather than count too few.
 
     Disabled (``enabled=False``), every method returns at once: the lab keeps its lines either way.
     On a GPU, each lap synchronises the device so that the times are true, which costs a little.
     """
-
-    COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter_tensor")
 
     def __init__(self, device, enabled: bool = True):
         self.enabled = enabled
@@ -87,61 +104,43 @@ class StepTimer:
                      else (lambda: None))
         self._reset()
         self.open = False
-        self._torch_own = None  # torch.distributed's collectives while ours count them
-
-    def _wrap(self):
-        if self._torch_own is None:
-            self._torch_own = {name: getattr(dist, name) for name in self.COUNTED}
-            for name, collective in self._torch_own.items():
-                setattr(dist, name, self._counting(collective))
-
-    def close(self):
-        """Put torch.distributed's own collectives back (a step left open stops counting)."""
-        if self._torch_own is not None:
-            for name, collective in self._torch_own.items():
-                setattr(dist, name, collective)
-            self._torch_own = None
-        self.open = False
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self.seen = None  # the flight recorder's last entry already counted (or passed over)
 
     def _reset(self):
-        self.ms, self.steps, self.comm_s, self.bytes, self.buckets, self.calls = {}, 0, 0.0, 0, 0, 0
+        self.ms, self.steps, self.comm_s, self.buckets = {}, 0, 0.0, 0
+        # [created after, created before] in ns: when a step was open (one still open goes on)
+        self.windows = [[time.time_ns(), None]] if getattr(self, "open", False) else []
 
-    def _counting(self, collective):
-        def counted(*args, **kwargs):
-            if self.open:
-                tensor = args[1] if collective.__name__ in ("all_gather", "all_gather_into_tensor",
-                                                            "reduce_scatter_tensor") else args[0]
-                group = kwargs.get("group")
-                if dist.get_world_size(group) > 1:
-                    self.bytes += tensor.numel() * tensor.element_size()
-                    self.calls += 1
-            return collective(*args, **kwargs)
-        counted.__name__ = collective.__name__
-        return counted
+    def _open(self):
+        self.windows.append([time.time_ns(), None])
+        self.open = True
+
+    def _shut(self):
+        if self.open:
+            self.windows[-1][1] = time.time_ns()
+            self.open = False
 
     @contextmanager
     def paused(self):
         """Count no collective inside: a lab's own between its steps (its log's, its evaluation's)
         are not a step's."""
-        was, self.open = self.open, False
+        was = self.open
+        self._shut()
         try:
             yield
         finally:
-            self.open = was
+            if was:
+                self._open()
 
     def start(self):
         if self.enabled:
+            if self.seen is None:  # the first step: what the recorder holds now is not a step's
+                self.seen = max((e["record_id"] for e in flight_recorder().get("entries", [])),
+                                default=-1)
             self.sync()
             self.t = time.perf_counter()
             self.last_ready = None
-            self.open = True
-            self._wrap()
+            self._open()
 
     def lap(self, phase: str):
         """Close ``phase``: the time since the previous lap (or start) is added to it."""
@@ -162,7 +161,7 @@ class StepTimer:
     def stop(self):
         if self.enabled:
             self.steps += 1
-            self.close()
+            self._shut()
 
     def timed(self, hook):
         """A DDP communication hook that does what ``hook`` does, and times it."""
@@ -178,16 +177,39 @@ class StepTimer:
             return hook(state, bucket).then(done)
         return timed_hook
 
+    def _sent(self) -> tuple[int, int]:
+        """(bytes, collectives) the flight recorder holds from the open steps since the last
+        report, in groups of more than one rank."""
+        recorded = flight_recorder()
+        if "entries" not in recorded and self.windows:
+            world.stop(env_info(), "--time-split counts a step's bytes with PyTorch's flight "
+                       "recorder, which records nothing here: run without TORCH_FR_BUFFER_SIZE=0")
+        new = sorted((e for e in recorded.get("entries", []) if e["record_id"] > self.seen),
+                     key=lambda e: e["record_id"])
+        if new and new[0]["record_id"] != self.seen + 1:
+            world.stop(env_info(), f"the flight recorder lost {new[0]['record_id'] - self.seen - 1}"
+                       " collectives between two records of the time split: log more often "
+                       "(--log-every) or keep more (TORCH_FR_BUFFER_SIZE, before the run)")
+        self.seen = new[-1]["record_id"] if new else self.seen
+        groups = dist.distributed_c10d._world.pg_names.items()  # {group: its name}
+        ranks = {name: group.size() for group, name in groups}
+        now = time.time_ns()
+        sent = [e for e in new if ranks.get(e["process_group"][0], 1) > 1
+                and any(a <= e["time_created_ns"] <= (b or now) for a, b in self.windows)]
+        size = sum(math.prod(shape) * DTYPE_BYTES[dtype] for e in sent
+                   for shape, dtype in zip(e["input_sizes"], e["input_dtypes"]))
+        return size, len(sent)
+
     def report(self) -> dict:
         """Mean per step since the last report: ``split_ms`` by phase, ``comm_ms``, ``comm_bytes``,
         ``collectives`` (the calls that sent them) and ``buckets`` (DDP's hook calls per step, one
         per bucket; a hook may make more than one collective call per bucket, PowerSGD's three)."""
         if not self.enabled or not self.steps:
             return {}
-        n = self.steps
+        n, (size, calls) = self.steps, self._sent()
         out = {"split_ms": {k: round(v / n, 3) for k, v in self.ms.items()},
-               "comm_ms": round(1000 * self.comm_s / n, 3), "comm_bytes": round(self.bytes / n),
-               "collectives": round(self.calls / n, 2), "buckets": round(self.buckets / n, 2)}
+               "comm_ms": round(1000 * self.comm_s / n, 3), "comm_bytes": round(size / n),
+               "collectives": round(calls / n, 2), "buckets": round(self.buckets / n, 2)}
         self._reset()
         return out
 
