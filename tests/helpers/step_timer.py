@@ -1,10 +1,9 @@
-"""StepTimer on 2 gloo ranks, for tests/test_lab_instruments.py.
+"""StepTimer on 2 gloo ranks, for tests/test_lab_instruments.py: collectives before, in, between
+and after two timed steps, one of them paused.
 
-    torchrun --nproc-per-node 2 tests/helpers/step_timer.py count     # rank 0 prints REPORT {...}
-    torchrun --nproc-per-node 2 tests/helpers/step_timer.py overflow  # 30 collectives in a step
+    torchrun --nproc-per-node 2 tests/helpers/step_timer.py  # rank 0 prints REPORT {...}
 """
 import json
-import sys
 
 import torch
 import torch.distributed as dist
@@ -13,19 +12,15 @@ from dpcourse.lab import world
 from dpcourse.lab.metrics import StepTimer
 
 
-def main(mode):
+def main():
     world.setup(backend="gloo", device="cpu")
     timer = StepTimer("cpu")
     dist.broadcast(torch.zeros(100), src=0)  # before the first step: not counted
     timer.start()
-    if mode == "overflow":
-        for _ in range(30):
-            dist.all_reduce(torch.ones(1))
-    else:
-        dist.all_reduce(torch.ones(10))
-        with timer.paused():
-            dist.all_reduce(torch.ones(1000))  # paused: not counted
-        dist.all_reduce(torch.ones(6))
+    dist.all_reduce(torch.ones(10))
+    with timer.paused():
+        dist.all_reduce(torch.ones(1000))  # paused: not counted
+    dist.all_reduce(torch.ones(6))
     timer.lap("forward")
     timer.stop()
     dist.all_reduce(torch.ones(500))  # between steps: not counted
@@ -41,4 +36,4 @@ def main(mode):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
