@@ -177,8 +177,9 @@ def test_the_step_timer_counts_from_the_flight_recorder_and_replaces_nothing():
 
 @pytest.mark.parametrize("recorded, says", [
     ([{"record_id": i} for i in range(18, 38)],  # 5-17 gone: a ring of 20 after 33 collectives
-     "[rank 0] the flight recorder lost 13 collectives between two records of the time split: "
-     "log more often (--log-every) or keep more (TORCH_FR_BUFFER_SIZE, before the run)"),
+     "[rank 0] the flight recorder keeps the last 20 collectives, and 33 were made between two "
+     "records of the time split: log more often (--log-every), or keep more "
+     "(TORCH_FR_BUFFER_SIZE=66 or more, set before the run)"),
     (None, "[rank 0] --time-split counts a step's bytes with PyTorch's flight recorder, which "
            "records nothing here: run without TORCH_FR_BUFFER_SIZE=0")])
 def test_the_step_timer_stops_rather_than_count_too_few(monkeypatch, recorded, says):

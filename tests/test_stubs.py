@@ -75,6 +75,25 @@ def test_run_ok_says_not_done_yet_for_a_lab_stopped_at_a_stub(how, capsys):
     assert STOPPED_AT_A_STUB[how][-1] in capsys.readouterr().out  # a silent run shows how it ended
 
 
+def test_run_ok_names_the_file_whose_stub_the_run_met():
+    """A run of sweep.py meets the stub of fashion_ddp.py, which fashion_study.py imports: the error
+    names fashion_ddp.py and its line, not the script launched (a learner's trial of notebook
+    08)."""
+    lines = ['[rank0]:File "../labs/fashion_ddp.py", line 77, in load_data: Exercise: see the hint '
+             "above. This exercise of the lab is not done yet: complete it"]
+    run = Run(["python", "../labs/sweep.py", "--batch-size 32"], 1, lines=lines, echoed=True)
+    with pytest.raises(NotImplementedError, match=r"^Exercise: \.\./labs/fashion_ddp\.py still "
+                                                  r"has an exercise to do \(line 77\)\. "):
+        run_ok(run)
+    traceback = ['  File "../labs/sweep.py", line 50, in main',
+                 '  File "../labs/fashion_ddp.py", line 77, in load_data',
+                 '    raise NotImplementedError("Exercise: see the hint above")',
+                 "NotImplementedError: Exercise: see the hint above"]
+    with pytest.raises(NotImplementedError, match=r"^Exercise: \.\./labs/fashion_ddp\.py still "
+                                                  r"has an exercise to do \(line 77\)"):
+        run_ok(Run(["python", "../labs/sweep.py"], 1, lines=traceback, echoed=True))
+
+
 def test_run_ok_names_another_failure_and_its_cause():
     run = Run(["python", "labs/io_race.py"], 1, lines=NOT_A_STUB["another error"])
     with pytest.raises(CourseError, match=r"labs/io_race.py failed \(exit status 1\): "

@@ -436,16 +436,38 @@ def run_ok(run: Run) -> Run:
             print("\n".join(run.lines[-12:]), flush=True)
         script = next((c for c in run.command if c.endswith(".py")), "the lab")
         if not_done(run.lines + run.agent_lines):
-            at = [m.group(1) for line in run.lines
-                  if (m := re.search(rf'File ".*{re.escape(Path(script).name)}", line (\d+)',
-                                     line))]
-            raise NotImplementedError(f"Exercise: {_relative(script)} still has an exercise to do"
-                                      + (f" (line {at[-1]})" if at else "") + ". Complete it, save "
+            # the file whose stub it met: the lab, or a file it imports (sweep.py runs
+            # fashion_study.py, which imports fashion_ddp.py)
+            stub, at = _stub_at(run.lines)
+            if stub is None:
+                stub = _relative(script)
+                at = next((m.group(1) for line in reversed(run.lines) if (m := re.search(
+                    rf'File ".*{re.escape(Path(script).name)}", line (\d+)', line))), None)
+            raise NotImplementedError(f"Exercise: {stub} still has an exercise to do"
+                                      + (f" (line {at})" if at else "") + ". Complete it, save "
                                       "the file and run this cell again.")
         cause = _cause(run.lines)
         raise CourseError(f"{_relative(script)} failed (exit status {run.returncode})"
                           + (f": {cause}" if cause else "; the lines above say why."))
     return run
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _stub_at(lines: list[str]) -> tuple[str | None, str | None]:
+    """(file, line) of the stub a run stopped at, as its output names it: explain's one line
+    ('File "labs/x.py", line N, in f: Exercise: ...'), or the last frame of a traceback that ends in
+    "NotImplementedError: Exercise"; (None, None) when it names none."""
+    found, frame = (None, None), None
+    for line in lines:
+        if (m := _FRAME.search(line)) and "Exercise" in line[m.end():]:
+            found = m.groups()
+        elif m:
+            frame = m.groups()
+        elif "NotImplementedError: Exercise" in line and frame:
+            found = frame
+    return found
 
 
 # What the other ranks say once one has failed: the first rank's error is the cause, not these.

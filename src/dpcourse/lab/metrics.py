@@ -187,9 +187,11 @@ class StepTimer:
         new = sorted((e for e in recorded.get("entries", []) if e["record_id"] > self.seen),
                      key=lambda e: e["record_id"])
         if new and new[0]["record_id"] != self.seen + 1:
-            world.stop(env_info(), f"the flight recorder lost {new[0]['record_id'] - self.seen - 1}"
-                       " collectives between two records of the time split: log more often "
-                       "(--log-every) or keep more (TORCH_FR_BUFFER_SIZE, before the run)")
+            made = new[-1]["record_id"] - self.seen
+            world.stop(env_info(), f"the flight recorder keeps the last {len(new)} collectives, "
+                       f"and {made} were made between two records of the time split: log more "
+                       f"often (--log-every), or keep more "
+                       f"(TORCH_FR_BUFFER_SIZE={2 * made} or more, set before the run)")
         self.seen = new[-1]["record_id"] if new else self.seen
         groups = dist.distributed_c10d._world.pg_names.items()  # {group: its name}
         ranks = {name: group.size() for group, name in groups}
