@@ -1,11 +1,12 @@
 """Every distributed call in the labs carries its mark: the course's rule is that each line that
 exists because of distribution says why, in a comment `# DDP: <reason>` (`# ZeRO: …`, `# FSDP: …`,
-`# Horovod: …` where those are the reason), on the line itself or on a comment-only line directly
-above.
+`# Horovod: …`, `# DCP: …` where those are the reason), on the line itself or on a comment-only
+line directly above.
 
-The calls are found with tokenize, so strings, docstrings and comments never count: `dist.<name>…(`
-and `hvd.<name>…(` (not `dist.ReduceOp.SUM`, not a bare `hvd.allgather_object` passed as a value),
-`DDP(`, `DistributedSampler(`, `.set_epoch(`, `set_device(`, `fully_shard(` and `.no_sync(`; import
+The calls are found with tokenize, so strings, docstrings and comments never count:
+`dist.<name>…(`, `dcp.<name>…(` and `hvd.<name>…(` (not `dist.ReduceOp.SUM`, not a bare
+`hvd.allgather_object` passed as a value), `DDP(`, `DistributedSampler(`, `.set_epoch(`,
+`set_device(`, `fully_shard(`, `get_state_dict(`, `set_state_dict(` and `.no_sync(`; import
 lines never count. A call inside an f-string's replacement field counts (on every Python: before
 3.12 tokenize gives an f-string as one STRING token, so its fields are tokenized here one by one).
 
@@ -21,13 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
-MARK = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod):\s*\S")
+MARK = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod|DCP):\s*\S")
 # a mark without its colon and reason
-BARE = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod)(?![-\w])(?!:\s*\S)")
+BARE = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod|DCP)(?![-\w])(?!:\s*\S)")
 SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
         tokenize.ENCODING, tokenize.ENDMARKER}
-MODULES = {"dist", "hvd"}  # dist.<name>…( and hvd.<name>…(
-CALLED = {"DDP", "DistributedSampler", "set_device", "fully_shard"}  # NAME(
+MODULES = {"dist", "dcp", "hvd"}  # dist.<name>…(, dcp.<name>…( and hvd.<name>…(
+CALLED = {"DDP", "DistributedSampler", "set_device", "fully_shard", "get_state_dict",
+          "set_state_dict"}  # NAME(
 METHODS = {"set_epoch", "no_sync"}  # .NAME(
 # Calls the patterns catch that distribution does not explain, each with why (lab: its code, as it
 # begins).
@@ -122,8 +124,8 @@ def _not_distributed(lab: str, code: str) -> bool:
 def test_every_distributed_call_is_marked_with_its_reason():
     offences = _offences(unmarked_calls, excused=_not_distributed)
     assert not offences, ("these distributed calls carry no `# DDP: <reason>` (`# FSDP:`, "
-                          "`# Horovod:`) mark, on their line or a comment-only line directly "
-                          "above:\n" + "\n".join(offences))
+                          "`# Horovod:`, `# DCP:`) mark, on their line or a comment-only line "
+                          "directly above:\n" + "\n".join(offences))
 
 
 def test_the_exceptions_are_still_there():
@@ -168,7 +170,9 @@ def test_the_checker_finds_every_kind_of_call():
     calls = ["dist.barrier()", "hvd.allreduce(x, name='n')", "DDP(model)",
              "DistributedSampler(data)", "sampler.set_epoch(epoch)",
              "torch.cuda.set_device(device)", "fully_shard(layer)", "model.no_sync()",
-             "f'{dist.get_rank()}'", "gather(x, gather=hvd.allgather_object(x))"]
+             "f'{dist.get_rank()}'", "gather(x, gather=hvd.allgather_object(x))",
+             "dcp.save(state, checkpoint_id=path)", "get_state_dict(model, opt)",
+             "set_state_dict(model, opt, model_state_dict=m, optim_state_dict=o)"]
     assert [line for line, _ in unmarked_calls("\n".join(calls) + "\n")] == \
         list(range(1, len(calls) + 1))
     assert unmarked_calls("def set_device(d):\n    pass\n"
@@ -176,5 +180,6 @@ def test_the_checker_finds_every_kind_of_call():
 
 
 def test_the_checker_reports_exactly_the_bare_marks():
-    source = "a = 1  # DDP\nb = 2  # DDP: a reason\n# FSDP:\nc = 3  # Horovod: a reason  # FSDP\n"
-    assert [line for line, _ in bare_marks(source)] == [1, 3, 4]
+    source = ("a = 1  # DDP\nb = 2  # DDP: a reason\n# FSDP:\nc = 3  # Horovod: a reason  # FSDP\n"
+              "d = 4  # DCP\ne = 5  # DCP: a reason\n")
+    assert [line for line, _ in bare_marks(source)] == [1, 3, 4, 5]

@@ -53,6 +53,8 @@ WITHOUT = {
                 "set-up",
     "fashion_study.py": "imports fashion_ddp.py's setup() and cleanup(): notebooks 07-08's "
                         "instruments on top of the lesson, not a second copy of it",
+    "fashion_elastic.py": "imports fashion_ddp.py's setup() and cleanup(): notebook 14's "
+                          "checkpoints on top of the lesson, not a second copy of it",
     "fashion_single.py": "(cleanup only) one process: no group to leave",
     "fashion_horovod.py": "(cleanup only) hvd.shutdown() in main, after the last collective",
 }

@@ -5,6 +5,7 @@ and also to those whose text already says what happens by default ("(default: No
 "(default: each epoch)"). This one adds it to every option that has a real default, once.
 """
 import argparse
+from typing import NamedTuple
 
 
 class Defaults(argparse.HelpFormatter):
@@ -17,12 +18,17 @@ class Defaults(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)".lstrip()
 
 
-def common_options(p: argparse.ArgumentParser, reference_batch: int, **defaults) -> None:
+def common_options(p: argparse.ArgumentParser, reference_batch: int,
+                   checkpoints: tuple[str, str] = ("rank 0 writes last.pt here",
+                                                   "CHECKPOINT_DIR/last.pt if there"),
+                   **defaults) -> None:
     """The options every training lab takes, with the same names, kinds and choices
     (tests/test_skeleton.py).
 
     ``defaults`` are a recipe's own (``epochs=90``, ``lr=0.1``, ...); ``reference_batch`` is the
-    global batch that --lr is tuned for. The lab adds its own options after these.
+    global batch that --lr is tuned for; ``checkpoints``, what --checkpoint-dir holds and which
+    checkpoint --resume auto takes.
+    The lab adds its own options after these.
     """
     d = {"epochs": 3, "global_batch_size": 128, "lr": 0.15, "lr_scaling": "none",
          "warmup_epochs": 0.75, "weight_decay": 5e-4, "log_every": 50, **defaults}
@@ -55,11 +61,11 @@ def common_options(p: argparse.ArgumentParser, reference_batch: int, **defaults)
                    help="never evaluate (weight comparisons, throughput runs)")
     p.add_argument("--log-every", type=int, default=d["log_every"],
                    help="log the train loss every N steps")
-    p.add_argument("--checkpoint-dir", default=None, help="rank 0 writes last.pt here")
+    p.add_argument("--checkpoint-dir", default=None, help=checkpoints[0])
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="also checkpoint every N steps")
     p.add_argument("--resume", default=None,
-                   help="a checkpoint to resume from, or 'auto': CHECKPOINT_DIR/last.pt if there")
+                   help=f"a checkpoint to resume from, or 'auto': {checkpoints[1]}")
     p.add_argument("--log-json", default=None, help="rank 0 writes one JSON object per line here")
     p.add_argument("--save-model", default=None, help="rank 0 saves the final weights here")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
@@ -177,3 +183,22 @@ def imagenet_options(p: argparse.ArgumentParser) -> None:
                    help="decode JPEGs in the loader's workers, or batched on the GPU (nvJPEG)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's peak, for MFU (default: from a table)")
+
+
+class Fail(NamedTuple):
+    """--fail RANK:STEP:KIND (notebook 14): end rank ``rank`` before step ``step``."""
+    rank: int
+    step: int
+    kind: str  # SIGKILL, SIGTERM or exception
+
+
+FAIL_KINDS = ("SIGKILL", "SIGTERM", "exception")
+
+
+def fail_spec(text: str) -> Fail:
+    """--fail's value, checked: RANK:STEP:KIND (argparse's ``type``)."""
+    parts = text.split(":")
+    if len(parts) != 3 or not all(x.isdigit() for x in parts[:2]) or parts[2] not in FAIL_KINDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give RANK:STEP:KIND, e.g. 1:12:SIGKILL (KIND: {', '.join(FAIL_KINDS)})")
+    return Fail(int(parts[0]), int(parts[1]), parts[2])

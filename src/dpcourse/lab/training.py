@@ -54,15 +54,36 @@ def load_checkpoint(path: str | os.PathLike, config: dict, stop: Callable[[str],
         stop(f"--resume {path}: not a readable checkpoint ({type(err).__name__}); it may be "
              "truncated or from another program. Delete it, or resume from an earlier one.")
     if state["config"] != config:
-        diff = ", ".join(f"{k} {state['config'].get(k)} (this run: {v})" for k, v in config.items()
-                         if state["config"].get(k) != v)
-        stop(f"--resume {path} was written by another run: {diff}. Resume with the same model, "
-             "world size and global batch, or start afresh without --resume.")
+        stop(other_run(path, state["config"], config, "model, world size and global batch"))
     for name, part in parts.items():
         part.load_state_dict(state[name])
     if "rng" in state:
         torch.set_rng_state(state["rng"].cpu())
     return state["progress"]
+
+
+def other_run(path, saved: dict, config: dict, same: str = "model") -> str:
+    """The message for a checkpoint whose ``saved`` config is not this run's ``config``: what
+    differs, and what to do (resume with the ``same`` settings, or start afresh)."""
+    diff = ", ".join(f"{k} {saved.get(k)} (this run: {v})" for k, v in config.items()
+                     if saved.get(k) != v) or f"its config {saved}"
+    return (f"--resume {path} was written by another run: {diff}. Resume with the same {same}, "
+            "or start afresh without --resume.")
+
+
+def unreadable_dcp(path, err: BaseException | None = None) -> str:
+    """The message for a distributed checkpoint (a folder of torch.distributed.checkpoint) that
+    cannot be read: one without its .metadata (incomplete, or not one), or one whose load raised
+    ``err`` (DCP's CheckpointException: the first rank's own error is named)."""
+    if err is None:
+        return (f"--resume {path}: not a complete distributed checkpoint (no .metadata in it). "
+                "Give a step-NNNNNNN folder that --checkpoint-dir holds, or --resume auto.")
+    failures = getattr(err, "failures", None)
+    if failures:  # {rank: (exception, traceback)}
+        rank, (err, _) = min(failures.items())
+    why = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    return (f"--resume {path}: it cannot be read ({type(err).__name__}: {why[:200]}); a file may "
+            "be missing or damaged. Resume from an earlier step-NNNNNNN folder, or start afresh.")
 
 
 def resume_path(resume: str | None, checkpoint_dir: str | None) -> str | None:

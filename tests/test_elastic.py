@@ -1,0 +1,150 @@
+"""Notebook 14's lab, solutions/labs/fashion_elastic.py: a checkpoint every rank writes
+(torch.distributed.checkpoint), resumed on the same world size bit for bit and on another one with
+the same batches; a rank killed mid-run and the run restarted by torchrun from its last
+checkpoint; every checkpoint it cannot resume refused in one line. Real runs: torchrun on 2 and 3
+ranks, one process without a launcher, real FashionMNIST."""
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import ROOT, lab_cmd, run
+from test_fashion_ddp import messages
+
+LAB = ROOT / "solutions" / "labs" / "fashion_elastic.py"
+COUNTED = ROOT / "tests" / "helpers" / "elastic_indices.py"  # the lab, logging its indices
+# 6,000 images, 600 a step: 10 steps an epoch on 1, 2 or 3 ranks (600 = 1 × 600 = 2 × 300 = 3 × 200)
+N, G = 6000, 600
+COMMON = ["--train-images", N, "--global-batch-size", G, "--epochs", 2, "--width", 4,
+          "--norm", "none", "--deterministic", "--no-eval", "--log-every", 1, "--seed", 1]
+
+
+def ok(result):
+    assert result.returncode == 0, result.stdout
+    return result
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, fashion_root):
+    """2 ranks, stopped after step 13 of 20 (3 into epoch 1), checkpointed every 5 steps and at
+    the stop: (its checkpoint folder, the index log's prefix)."""
+    tmp = tmp_path_factory.mktemp("elastic")
+    ok(run(lab_cmd(2, COUNTED, *COMMON, "--checkpoint-dir", tmp / "ck", "--checkpoint-every", 5,
+                   "--max-steps", 13), env={"INDEX_LOG": str(tmp / "seen")}, timeout=300))
+    return tmp / "ck", tmp / "seen"
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_every_rank_writes_its_part_and_a_complete_checkpoint_has_its_metadata(stopped):
+    ck, _ = stopped
+    assert sorted(p.name for p in ck.iterdir()) == ["step-0000005", "step-0000010",
+                                                   "step-0000013"]
+    for step in ck.iterdir():
+        assert sorted(p.name for p in step.iterdir()) == [".metadata", "__0_0.distcp",
+                                                          "__1_0.distcp"], step
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(ck / "step-0000013")).read_metadata()
+    files = {info.relative_path for info in meta.storage_data.values()}
+    assert files == {"__0_0.distcp", "__1_0.distcp"}  # both ranks wrote some of it
+    # The keys of a plain model and of its optimizer state by parameter name: no wrapper's
+    # `module.`, no parameter numbers, so any wrapper and any world size reads them.
+    from dpcourse.lab.models import FashionCNN
+
+    plain = FashionCNN(4, "none").state_dict()
+    keys = set(meta.state_dict_metadata)
+    assert {k for k in keys if k.startswith("model.")} == {f"model.{k}" for k in plain}
+    assert {k for k in keys if k.startswith("optim.state.")} == \
+        {f"optim.state.{k}.momentum_buffer" for k in plain}
+
+
+@pytest.mark.slow
+def test_a_resume_on_1_2_or_3_ranks_trains_the_same_batches_and_weights(stopped, tmp_path):
+    """From 2 ranks' step 13: on 2 ranks, bit for bit the weights of a run never stopped; on 1 and
+    3, the same batches (each image once an epoch, across the stop) and the weights within float64
+    rounding (the gradients are averaged in another order)."""
+    ck, seen = stopped
+    resumed = {}
+    for nproc in (1, 2, 3):
+        out = tmp_path / f"r{nproc}.pt"
+        env = {"INDEX_LOG": str(seen)} if nproc == 3 else None
+        result = ok(run(lab_cmd(nproc, COUNTED if nproc == 3 else LAB, *COMMON,
+                                "--resume", ck / "step-0000013", "--save-model", out),
+                        env=env, timeout=300))
+        assert (f"{nproc} × {G // nproc} = global batch {G}" in result.stdout
+                and "resumed at step 13 (1,800 images into epoch 1)" in result.stdout), \
+            result.stdout
+        resumed[nproc] = weights(out)
+    ok(run(lab_cmd(2, LAB, *COMMON, "--save-model", tmp_path / "never.pt"), timeout=300))
+    never = weights(tmp_path / "never.pt")
+
+    assert max_diff(resumed[2], never) == 0.0
+    for nproc in (1, 3):
+        # measured: 1.4e-15 on 1, 7.8e-16 on 3
+        assert max_diff(resumed[nproc], never) < 1e-12, nproc
+
+    # every training image once an epoch: steps 0-12 on 2 ranks, 13-19 on 3
+    counts = {0: Counter(), 1: Counter()}
+    for path in seen.parent.glob(seen.name + ".*"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            counts[record["epoch"]].update(record["indices"])
+    for epoch, count in counts.items():
+        assert sorted(count) == list(range(N)) and set(count.values()) == {1}, \
+            (epoch, len(count), Counter(count.values()))
+    assert len(list(seen.parent.glob(seen.name + ".*"))) == 3  # ranks 0-1, then 0-2
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_the_run_from_its_last_checkpoint(tmp_path, fashion_root):
+    """--fail 1:12:SIGKILL under torchrun --max-restarts=1: rank 1 dies before step 12, torchrun
+    starts both ranks again, they resume at step 10 (the last checkpoint: two steps lost) and
+    finish; the fault fires in the fresh run only."""
+    log = tmp_path / "log.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--max-restarts=1", str(LAB), *map(str, COMMON), "--checkpoint-dir",
+           str(tmp_path / "ck"), "--checkpoint-every", "5", "--resume", "auto",
+           "--fail", "1:12:SIGKILL", "--max-steps", "15", "--log-json", str(log)]
+    result = run(cmd, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("--fail: SIGKILL before step 12") == 1, result.stdout
+    # step 10 is epoch 0's last: saved before the epoch's end is done, which the restart does
+    assert "resumed at step 10 (6,000 images into epoch 0)" in result.stdout, result.stdout
+    assert "Detected an existing checkpoint" not in result.stdout  # each step saved once
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "resume"] == [10]
+    assert records[-1]["event"] == "done" and records[-1]["step"] == 15, records[-1]
+    assert records[-1]["replicas_max_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
+    ck, _ = stopped
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", str(ck / "step-0000010"), str(broken)], check=True)
+    (broken / "__1_0.distcp").unlink()
+    cases = [
+        (["--global-batch-size", 300], ck / "step-0000010",
+         "was written by another run: global_batch 600 (this run: 300). Resume with the same "
+         "model, global batch, seed and training images"),
+        (["--width", 8], ck / "step-0000010",
+         "was written by another run: width 4 (this run: 8)"),
+        (["--seed", 2], ck / "step-0000010", "seed 1 (this run: 2)"),
+        ([], ck, "not a complete distributed checkpoint (no .metadata in it)"),
+        ([], broken, "No such file or directory"),
+    ]
+    for extra, path, says in cases:
+        result = run(lab_cmd(2, LAB, *COMMON, *extra, "--resume", path), timeout=300)
+        said = [line for line in messages(result.stdout) if line.startswith("[rank")]
+        assert result.returncode != 0 and len(said) == 1 and says in said[0], result.stdout
+        assert said[0].startswith(f"[rank 0] --resume {path}"), said
