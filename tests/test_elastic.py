@@ -47,8 +47,8 @@ def max_diff(a, b):
 
 def test_every_rank_writes_its_part_and_a_complete_checkpoint_has_its_metadata(stopped):
     ck, _ = stopped
-    assert sorted(p.name for p in ck.iterdir()) == ["step-0000005", "step-0000010",
-                                                   "step-0000013"]
+    # saved at steps 5, 10 (the epoch's end) and 13 (the stop); rank 0 keeps the last two
+    assert sorted(p.name for p in ck.iterdir()) == ["step-0000010", "step-0000013"]
     for step in ck.iterdir():
         assert sorted(p.name for p in step.iterdir()) == [".metadata", "__0_0.distcp",
                                                           "__1_0.distcp"], step
@@ -118,8 +118,9 @@ def test_a_killed_rank_restarts_the_run_from_its_last_checkpoint(tmp_path, fashi
     result = run(cmd, timeout=300)
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("--fail: SIGKILL before step 12") == 1, result.stdout
-    # step 10 is epoch 0's last: saved before the epoch's end is done, which the restart does
-    assert "resumed at step 10 (6,000 images into epoch 0)" in result.stdout, result.stdout
+    # step 10 is epoch 0's last: saved at the epoch's end, with the epoch done
+    assert "resumed at step 10 (0 images into epoch 1)" in result.stdout, result.stdout
+    assert "--fail left out: this run goes on from a checkpoint" in result.stdout
     assert "Detected an existing checkpoint" not in result.stdout  # each step saved once
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "resume"] == [10]
@@ -140,11 +141,32 @@ def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
         (["--width", 8], ck / "step-0000010",
          "was written by another run: width 4 (this run: 8)"),
         (["--seed", 2], ck / "step-0000010", "seed 1 (this run: 2)"),
+        (["--train-images", 3000], ck / "step-0000010", "train_images 6000 (this run: 3000)"),
+        (["--checkpoint-dir", ck], None, f"--checkpoint-dir {ck} holds another run's "
+         "checkpoints: --resume auto to go on from its newest"),
+        (["--fail", "2:3:SIGKILL"], None, "there is no rank 2 among 2"),
         ([], ck, "not a complete distributed checkpoint (no .metadata in it)"),
         ([], broken, "No such file or directory"),
     ]
     for extra, path, says in cases:
-        result = run(lab_cmd(2, LAB, *COMMON, *extra, "--resume", path), timeout=300)
+        resume = ["--resume", path] if path else []
+        result = run(lab_cmd(2, LAB, *COMMON, *extra, *resume), timeout=300)
         said = [line for line in messages(result.stdout) if line.startswith("[rank")]
         assert result.returncode != 0 and len(said) == 1 and says in said[0], result.stdout
-        assert said[0].startswith(f"[rank 0] --resume {path}"), said
+        assert said[0].startswith(f"[rank 0] --resume {path}" if path else "[rank 0] --"), said
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint_and_a_finished_run_stops(stopped,
+                                                                                   tmp_path):
+    """A newer folder without its .metadata (a save cut short) is passed over; the newest
+    complete one is of a run that reached its --max-steps: the same command again does nothing,
+    on 3 ranks too."""
+    ck, _ = stopped
+    copy = tmp_path / "ck"
+    subprocess.run(["cp", "-r", str(ck), str(copy)], check=True)
+    (copy / "step-0000019").mkdir()
+    (copy / "step-0000019" / "__0_0.distcp").write_bytes(b"cut short")
+    result = ok(run(lab_cmd(3, LAB, *COMMON, "--checkpoint-dir", copy, "--resume", "auto",
+                            "--max-steps", 13), timeout=300))
+    assert (f"{copy}/step-0000013 is the checkpoint of a finished run (step 13, stopped by "
+            "max_steps): nothing to do") in result.stdout, result.stdout

@@ -142,7 +142,7 @@ def test_the_exceptions_are_still_there():
 def test_no_mark_lacks_its_reason():
     offences = _offences(bare_marks)
     assert not offences, ("these comments hold a bare mark: write `# DDP: <reason>` "
-                          "(`# FSDP:`, `# Horovod:`):\n" + "\n".join(offences))
+                          "(`# FSDP:`, `# Horovod:`, `# DCP:`):\n" + "\n".join(offences))
 
 
 SAMPLE = '''\

@@ -2,27 +2,33 @@
 world size resumes, and a fault you can aim.
 
     torchrun --standalone --nproc-per-node 2 solutions/labs/fashion_elastic.py \\
-        --checkpoint-dir ck --checkpoint-every 5 --max-steps 13
+        --global-batch-size 96 --checkpoint-dir ck --checkpoint-every 5 --max-steps 13
     torchrun --standalone --nproc-per-node 3 solutions/labs/fashion_elastic.py \\
-        --checkpoint-dir ck --resume auto                             # 2 ranks' run, on 3
+        --global-batch-size 96 --checkpoint-dir ck --resume auto --max-steps 20  # the same, on 3
     torchrun --standalone --nproc-per-node 2 --max-restarts 1 solutions/labs/fashion_elastic.py \\
-        --checkpoint-dir ck --checkpoint-every 5 --resume auto --fail 1:12:SIGKILL
+        --global-batch-size 96 --checkpoint-dir ck2 --checkpoint-every 5 --resume auto \\
+        --fail 1:12:SIGKILL                                # rank 1 dies; torchrun restarts the run
 
 The lesson is fashion_ddp.py: this file takes its data, setup and Trainer and changes what a
-checkpoint is. There, rank 0 writes one torch.save file that only a run of the same world size
-resumes. Here every rank writes its part of one distributed checkpoint (DCP,
-torch.distributed.checkpoint): a folder, step-NNNNNNN/, with a file per rank and a .metadata that
-says which piece is where. Its state comes from get_state_dict: the same keys for DDP, FSDP2 or
-one process, no `module.` prefix. A run of any world size reads the pieces it needs: DCP re-cuts
-them. The checkpoint says where the run is in the data in samples, not in steps, so that a resume
-on another number of ranks, with the same global batch, trains on the same batches: none
-repeated, none skipped. --fail RANK:STEP:KIND ends one rank before that step (SIGKILL, SIGTERM or
-an exception) in a run that starts afresh, for torchrun --max-restarts (or a requeued Slurm job)
-to show a run that outlives it: the restart resumes, and goes on. Lines there because of this are
-marked `# DCP:`; DDP's, `# DDP:`.
+checkpoint is. There, rank 0 alone writes one torch.save file: every replica holds the same
+weights. With sharded training (FSDP, ZeRO) no rank holds them all, and one writer is a wait. Here
+every rank writes its part of one distributed checkpoint (DCP, torch.distributed.checkpoint): a
+folder, step-NNNNNNN/, with a file per rank and a .metadata, written last, that says which piece
+is where (DDP's replicated tensors are written once, shared out between the ranks' files; FSDP's
+shards are re-cut for a run of another size). Its state comes from get_state_dict: the same keys
+for DDP, FSDP2 or one process, no `module.` prefix, the optimizer's state by parameter name. A
+resume must keep the model, the global batch, the seed and the training images, not the world
+size: with the same global batch, DistributedSampler deals each epoch's order out so that step k
+is the same images on any number of ranks, and the checkpoint's data position (the epoch, the
+images done in it) is the same place in the data for all of them. --fail RANK:STEP:KIND hits one
+rank before that step in a run's first attempt: SIGKILL or an exception kill it (torchrun
+--max-restarts then restarts every rank from the last checkpoint); SIGTERM, the signal of a job
+cancelled or preempted, makes every rank stop after that step, saved, and exit 0. Lines there
+because of this are marked `# DCP:`; DDP's, `# DDP:`.
 """
 import argparse
 import os
+import shutil
 import signal
 import sys
 from functools import partial
@@ -45,15 +51,14 @@ from fashion_ddp import REFERENCE_BATCH, Trainer, cleanup, load_data, setup
 SAME = "model, global batch, seed and training images, on any number of ranks that divides it"
 
 
-def latest(checkpoint_dir):
-    """The newest complete checkpoint in ``checkpoint_dir`` (a step-NNNNNNN/ folder whose .metadata
-    was written: DCP writes it last, once every rank's file is there), or None."""
-    done = sorted(Path(checkpoint_dir).glob("step-*/.metadata")) if checkpoint_dir else []
-    return str(done[-1].parent) if done else None
+def complete(checkpoint_dir):
+    """The complete checkpoints in ``checkpoint_dir``, oldest first: the step-NNNNNNN/ folders
+    whose .metadata was written (DCP writes it last, once every rank's file is there)."""
+    return [str(m.parent) for m in sorted(Path(checkpoint_dir).glob("step-*/.metadata"))]
 
 
 def fail_here(fail, rank, step):
-    """--fail RANK:STEP:KIND: end this rank before ``step`` if it is RANK."""
+    """--fail RANK:STEP:KIND: hit this rank before ``step`` if it is RANK."""
     if fail is None or (fail.rank, fail.step) != (rank, step):
         return
     print(f"[rank {rank}] --fail: {fail.kind} before step {step}", flush=True)
@@ -65,31 +70,49 @@ def fail_here(fail, rank, step):
 class ElasticTrainer(Trainer):
     """fashion_ddp's Trainer, saving through DCP on every rank, with --fail's fault."""
 
-    def __init__(self, *lesson, fail):
+    def __init__(self, *lesson, fail, keep=2):
         super().__init__(*lesson)
-        self.fail = fail
+        self.fail, self.keep, self.finishing = fail, keep, False
         self.saved = self.progress["step"]  # the step of the last save: a resume's is its own
 
     def run_step(self, x, y, step):
         fail_here(self.fail, self.rank, step)
         return super().run_step(x, y, step)
 
+    def test(self):
+        stop = super().test()
+        self.progress["finished"] = stop  # a checkpoint of a run that reached its target says so
+        return stop
+
+    def finish(self, stop):
+        self.finishing = True  # the last save may be of an epoch's last step
+        super().finish(stop)
+
     def save(self):
         """CHECKPOINT_DIR/step-NNNNNNN/: each rank's part of the model, the optimizer, the
-        schedule and where the run is in the data."""
+        schedule and where the run is in the data; the last ``keep`` are kept."""
         p = self.progress
-        if not self.args.checkpoint_dir or self.saved == p["step"]:  # this step is saved already
+        # DCP: a step is saved once (a folder written again is not written whole); an epoch's
+        # last step at the epoch's end, with the epoch done. The same on every rank: a collective
+        if (not self.args.checkpoint_dir or self.saved == p["step"]
+                or (p["step_in_epoch"] == self.steps_per_epoch and not self.finishing)):
             return
-        p["elapsed_s"] = self.log.elapsed()
-        # DCP: where the run is in the data, in samples: a run of another world size goes on there
-        p["samples_in_epoch"] = p["step_in_epoch"] * self.batch * self.world_size
+        # DCP: where the run is in the data: the epoch, and the images done in it. Other entries
+        # every rank holds are written once, by any one rank: rank 0's clock, in its progress,
+        # is one of them; this model draws no random numbers after its start, so no RNG state
+        p.update(elapsed_s=self.log.elapsed(),
+                 samples_in_epoch=p["step_in_epoch"] * self.batch * self.world_size)
         ### BEGIN SOLUTION (hint: the model's and the optimizer's state through get_state_dict, then one dcp.save of them with the schedule, progress and config, to CHECKPOINT_DIR/step-NNNNNNN)
         model_state, optim_state = get_state_dict(self.model, self.opt)  # DCP: no module. prefix
+        # DCP: a collective: every rank writes its part (never under `if rank == 0`)
         dcp.save({"model": model_state, "optim": optim_state, "sched": self.sched.state_dict(),
-                  "progress": dict(p), "config": self.config},  # DCP: every rank writes its part
+                  "progress": dict(p), "config": self.config},
                  checkpoint_id=f"{self.args.checkpoint_dir}/step-{p['step']:07d}")
         ### END SOLUTION
         self.saved = p["step"]
+        if self.rank == 0:  # DCP: all the parts are written: rank 0 deletes the oldest
+            for old in complete(self.args.checkpoint_dir)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def resume(path, model, opt, sched, config, progress, stop):
@@ -102,7 +125,7 @@ def resume(path, model, opt, sched, config, progress, stop):
     try:  # DCP: its config and progress first: a checkpoint of another run stops here
         dcp.load(head, checkpoint_id=path)  # DCP: every rank reads them
     except (Exception, dcp.CheckpointException) as err:  # noqa: BLE001 - a file missing, damaged
-        stop(training.unreadable_dcp(path, err))
+        stop(training.unreadable_dcp(path, err))  # an error inside dcp.load reaches every rank
     if head["config"] != config:  # DCP: another model, or another order of the data
         stop(training.other_run(path, head["config"], config, SAME))
     progress = head["progress"]
@@ -150,29 +173,42 @@ def main(args):
     warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, optim.warmup_then_decay(total, warmup))
     progress = {"epoch": 0, "step": 0, "step_in_epoch": 0, "samples_in_epoch": 0,
-                "elapsed_s": 0.0, "global_batch": global_batch}
+                "elapsed_s": 0.0, "global_batch": global_batch, "finished": None}
+    newest = [(complete(args.checkpoint_dir) or [None])[-1] if args.checkpoint_dir else None]
+    dist.broadcast_object_list(newest, src=0)  # DCP: rank 0's look: every rank loads the same
+    if newest[0] and args.resume is None:
+        stop(f"--checkpoint-dir {args.checkpoint_dir} holds another run's checkpoints: "
+             "--resume auto to go on from its newest, or give an empty --checkpoint-dir.")
     # DCP: --resume auto: the newest complete checkpoint (a requeued job, a torchrun restart)
-    checkpoint = latest(args.checkpoint_dir) if args.resume == "auto" else args.resume
+    checkpoint = newest[0] if args.resume == "auto" else args.resume
     if checkpoint:
         progress = resume(checkpoint, model, opt, sched, config, progress, stop)
-    if training.finished(progress, args.epochs, args.max_steps):
+    if done := training.finished(progress, args.epochs, args.max_steps):
         if rank == 0:  # DDP: one rank talks
-            print(f"{checkpoint} is the checkpoint of a finished run (step {progress['step']}): "
-                  "nothing to do.", flush=True)
+            print(f"{checkpoint} is the checkpoint of a finished run (step {progress['step']}, "
+                  f"stopped by {done}): nothing to do. Give another --checkpoint-dir to train "
+                  "afresh.", flush=True)
         return cleanup()  # DDP: leave the group here too
+    # --fail in a run's first attempt only: a restart or a resume goes on
+    first = not checkpoint and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if args.fail and args.fail.rank >= world_size:
+        stop(f"--fail {args.fail.rank}:{args.fail.step}:{args.fail.kind}: there is no rank "
+             f"{args.fail.rank} among {world_size}; give a rank from 0 to {world_size - 1}.")
 
     log = training.open_log(args.log_json if rank == 0 else None,  # DDP: rank 0 logs, no one else
                             progress, steps_per_epoch, checkpoint, world_size=world_size,
-                            global_batch=global_batch, peak_lr=lr, ddp=not args.no_ddp,
-                            threads=torch.get_num_threads())
+                            global_batch=global_batch, peak_lr=lr, loader=args.loader,
+                            ddp=not args.no_ddp, threads=torch.get_num_threads())
     if rank == 0:  # DDP: one rank talks
         resumed = (f", resumed at step {progress['step']} ({progress['samples_in_epoch']:,} "
                    f"images into epoch {progress['epoch']})" if checkpoint else "")
         print(f"{world_size} × {batch} = global batch {global_batch}, lr {lr:g}, "
               f"{steps_per_epoch} steps per epoch, {env.backend} on {device}{resumed}", flush=True)
+        if args.fail and not first:
+            print("--fail left out: this run goes on from a checkpoint", flush=True)
     trainer = ElasticTrainer(args, device, model, opt, sched, data,
                              training.Run(progress, config, log, caught),
-                             fail=None if checkpoint else args.fail)  # the restart goes on
+                             fail=args.fail if first else None)
     reason = None  # why training stops early: a step limit, a target accuracy, a signal
     while progress["epoch"] < args.epochs and reason is None:
         reason = trainer.run_epoch(progress["epoch"])
@@ -189,7 +225,8 @@ def parse_args(argv=None):
     options.loader_options(p)  # --loader memory or torchvision (notebook 06)
     options.ddp_options(p, timeout=60)  # DDP: --backend, --timeout, --no-ddp
     p.add_argument("--fail", type=options.fail_spec, default=None, metavar="RANK:STEP:KIND",
-                   help="end rank RANK before step STEP: KIND SIGKILL, SIGTERM or exception")
+                   help="hit rank RANK before step STEP in a first attempt: KIND SIGKILL, "
+                        "SIGTERM or exception")
     return p.parse_args(argv)
 
 

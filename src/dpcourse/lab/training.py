@@ -80,10 +80,11 @@ def unreadable_dcp(path, err: BaseException | None = None) -> str:
                 "Give a step-NNNNNNN folder that --checkpoint-dir holds, or --resume auto.")
     failures = getattr(err, "failures", None)
     if failures:  # {rank: (exception, traceback)}
-        rank, (err, _) = min(failures.items())
+        err = failures[min(failures)][0]
     why = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     return (f"--resume {path}: it cannot be read ({type(err).__name__}: {why[:200]}); a file may "
-            "be missing or damaged. Resume from an earlier step-NNNNNNN folder, or start afresh.")
+            "be missing or damaged, or another version of the lab wrote it. Resume from an "
+            "earlier step-NNNNNNN folder, or start afresh.")
 
 
 def resume_path(resume: str | None, checkpoint_dir: str | None) -> str | None:
