@@ -124,22 +124,22 @@ def resume(path, model, opt, sched, config, progress, stop):
     head = {"config": dict(config), "progress": dict(progress)}  # filled in place by dcp.load
     try:  # DCP: its config and progress first: a checkpoint of another run stops here
         dcp.load(head, checkpoint_id=path)  # DCP: every rank reads them
-    except (Exception, dcp.CheckpointException) as err:  # noqa: BLE001 - a file missing, damaged
-        stop(training.unreadable_dcp(path, err))  # an error inside dcp.load reaches every rank
+    except dcp.CheckpointException as err:  # a part missing or damaged: every rank gets it
+        stop(training.unreadable_dcp(path, err))
     if head["config"] != config:  # DCP: another model, or another order of the data
         stop(training.other_run(path, head["config"], config, SAME))
     progress = head["progress"]
-    ### BEGIN SOLUTION (hint: the model's and optimizer's state dicts from get_state_dict as the shapes to fill, dcp.load them with the schedule, then set_state_dict and sched.load_state_dict)
-    model_state, optim_state = get_state_dict(model, opt)  # DCP: this run's shapes, to fill
-    state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
     try:
-        dcp.load(state, checkpoint_id=path)  # DCP: every rank reads the pieces it needs, re-cut
-    except (Exception, dcp.CheckpointException) as err:  # noqa: BLE001 - a missing part file
+        ### BEGIN SOLUTION (hint: the model's and optimizer's state dicts from get_state_dict as the shapes to fill, dcp.load them with the schedule, then set_state_dict and sched.load_state_dict)
+        model_state, optim_state = get_state_dict(model, opt)  # DCP: this run's shapes, to fill
+        state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
+        dcp.load(state, checkpoint_id=path)  # DCP: every rank reads the pieces it needs
+        set_state_dict(model, opt, model_state_dict=state["model"],  # DCP: whatever wraps them
+                       optim_state_dict=state["optim"])
+        sched.load_state_dict(state["sched"])
+        ### END SOLUTION
+    except dcp.CheckpointException as err:  # a part missing or damaged: every rank gets it
         stop(training.unreadable_dcp(path, err))
-    # DCP: into the model and optimizer, whatever wraps them
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    sched.load_state_dict(state["sched"])
-    ### END SOLUTION
     # DCP: the images done in this epoch, in this run's steps: step k is images k·G to (k+1)·G - 1
     # of the epoch's order on any number of ranks (DistributedSampler deals them out in turn)
     progress["step_in_epoch"] = progress["samples_in_epoch"] // config["global_batch"]
