@@ -196,7 +196,7 @@ class Trainer:
         self.progress["finished"] = stop if stop == "target_accuracy" else None
         self.save()
         if stop == "signal":
-            last = args.checkpoint_dir and f"{args.checkpoint_dir}/last.pt"
+            last = args.checkpoint_dir
             print(preemption.stopped_message(self.caught, final["step"], last), flush=True)
 
 

@@ -128,12 +128,59 @@ def test_a_killed_rank_restarts_the_run_from_its_last_checkpoint(tmp_path, fashi
     assert records[-1]["replicas_max_diff"] == 0.0
 
 
+def format_of(checkpoint, tmp_path, number):
+    """A copy of ``checkpoint`` that says it has format ``number``, made as a later lab would:
+    one file, changed, and saved again as a distributed checkpoint."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    dcp_to_torch_save(checkpoint, tmp_path / "whole.pt")
+    state = torch.load(tmp_path / "whole.pt", weights_only=True)
+    torch.save({**state, "format": number}, tmp_path / "whole.pt")
+    torch_save_to_dcp(tmp_path / "whole.pt", tmp_path / f"format-{number}")
+    return tmp_path / f"format-{number}"
+
+
+@pytest.mark.slow
+def test_an_asynchronous_save_writes_the_checkpoint_a_blocking_one_writes(stopped, tmp_path):
+    """--async-save: training goes on while a thread writes; the folders it leaves are complete
+    and hold, tensor for tensor, what the blocking saves of the same run hold; each save logs how
+    long training waited for it."""
+    ck, _ = stopped
+    log = tmp_path / "log.jsonl"
+    ok(run(lab_cmd(2, LAB, *COMMON, "--checkpoint-dir", tmp_path / "ck", "--checkpoint-every", 5,
+                   "--max-steps", 13, "--async-save", "--log-json", log), timeout=300))
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-0000010",
+                                                                   "step-0000013"]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = {}
+    for name, folder in (("async", tmp_path / "ck"), ("blocking", ck)):
+        dcp_to_torch_save(folder / "step-0000013", tmp_path / f"{name}.pt")
+        whole[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
+    for part in ("model", "optim", "progress", "config", "format"):
+        a, b = whole["async"][part], whole["blocking"][part]
+        if part == "model":
+            assert max_diff(a, b) == 0.0
+        elif part == "optim":
+            assert max_diff({k: v["momentum_buffer"] for k, v in a["state"].items()},
+                            {k: v["momentum_buffer"] for k, v in b["state"].items()}) == 0.0
+        elif part == "progress":  # its clock is its own
+            assert {**a, "elapsed_s": 0} == {**b, "elapsed_s": 0}
+        else:
+            assert a == b, part
+    saves = [json.loads(line) for line in log.read_text().splitlines()
+             if '"checkpoint"' in line]
+    assert [(r["step"], r["async_save"]) for r in saves] == [(5, True), (10, True), (13, True)]
+    assert all(r["blocked_ms"] >= 0 for r in saves)
+
+
 @pytest.mark.slow
 def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
     ck, _ = stopped
     broken = tmp_path / "broken"
     subprocess.run(["cp", "-r", str(ck / "step-0000010"), str(broken)], check=True)
     (broken / "__1_0.distcp").unlink()
+    newer = format_of(ck / "step-0000010", tmp_path, 2)
     cases = [
         (["--global-batch-size", 300], ck / "step-0000010",
          "was written by another run: global_batch 600 (this run: 300). Resume with the same "
@@ -147,6 +194,8 @@ def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
         (["--fail", "2:3:SIGKILL"], None, "there is no rank 2 among 1"),
         ([], ck, "not a complete distributed checkpoint (no .metadata in it)"),
         ([], broken, "No such file or directory"),
+        ([], newer, "was written by a newer fashion_elastic.py (checkpoint format 2; this one "
+         "reads format 1). Update the course (git pull), or start afresh."),
     ]
     for extra, path, says in cases:
         resume = ["--resume", path] if path else []

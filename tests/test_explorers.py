@@ -1,4 +1,4 @@
-"""The explorers (notebooks 01, 04, 08, 13) can fail under test.
+"""The explorers (notebooks 01, 04, 08, 13, 14) can fail under test.
 
 An explorer draws inside ``with out:`` (an ipywidgets ``Output``), and in a kernel ``Output`` shows
 an error raised there in its output area and swallows it: a notebook's explorer cell passed nbval
@@ -39,6 +39,8 @@ EXPLORERS = {
     "13 memory per worker": (lambda: widgets.memory_explorer(model="GPT-3", world_size=64,
                                                             gpu="A100 80 GB", precision="mixed"),
                              lambda box: setattr(box.children[1].children[1], "value", 16)),
+    "14 checkpoint interval": (lambda: widgets.interval_explorer(save_s=0.02, restart_s=10.0),
+                               lambda box: setattr(box.children[0].children[0], "value", 16384)),
 }
 def explorers():
     return list(EXPLORERS)

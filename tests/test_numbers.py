@@ -341,6 +341,18 @@ ALLOWED = [
           "a GPU model's memory (A100/H100 80 GB): a definition"),
     allow("solutions/13_*.ipynb", ("within 80 %", "5 steps", "within 10 %"),
           SETTING + ": the explorer's rule and the check's"),
+    allow("solutions/14_*.ipynb", ("saving every 2 steps", "saved every 2 steps"),
+          SETTING + ": the first two runs' --checkpoint-every",
+          ("solutions/14_checkpoints.ipynb", '"--checkpoint-every", 2')),
+    allow("solutions/14_*.ipynb", ("every 5 steps",),
+          SETTING + ": the failures' --checkpoint-every",
+          ("solutions/14_checkpoints.ipynb", '"--checkpoint-every", 5')),
+    allow("solutions/14_*.ipynb", ("its 2 epochs", "10-step epoch", "is 2 steps, 1,200 images"),
+          SETTING + ": SMALL, 6,000 images in global batches of 600 for 2 epochs; step 12 is 2 "
+          "steps of 600 into the second",
+          ("solutions/14_checkpoints.ipynb", '"--global-batch-size", 600, "--epochs", 2')),
+    allow("solutions/14_*.ipynb", ("a restart of 10 s",), SETTING + ": the explorer's restart_s",
+          ("solutions/14_checkpoints.ipynb", "restart_s=10.0")),
 ]
 
 

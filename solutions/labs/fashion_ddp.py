@@ -251,7 +251,7 @@ class Trainer:
         self.progress["finished"] = stop if stop == "target_accuracy" else None
         self.save()
         if self.rank == 0 and stop == "signal":  # DDP: rank 0 says where to resume
-            last = args.checkpoint_dir and f"{args.checkpoint_dir}/last.pt"
+            last = args.checkpoint_dir
             print(preemption.stopped_message(self.caught, final["step"], last), flush=True)
         if stop == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
             dist.barrier()  # DDP: wait for rank 0's checkpoint

@@ -23,14 +23,17 @@ is the same images on any number of ranks, and the checkpoint's data position (t
 images done in it) is the same place in the data for all of them. --fail RANK:STEP:KIND hits one
 rank before that step in a run's first attempt: SIGKILL or an exception kill it (torchrun
 --max-restarts then restarts every rank from the last checkpoint); SIGTERM, the signal of a job
-cancelled or preempted, makes every rank stop after that step, saved, and exit 0. Lines there
-because of this are marked `# DCP:`; DDP's, `# DDP:`.
+cancelled or preempted, makes every rank stop after that step, saved, and exit 0. --async-save
+saves with dcp.async_save: the state is copied, a thread writes it while training goes on, and
+the next save waits for it (each save's `checkpoint` log record: how long training waited). Lines
+there because of this are marked `# DCP:`; DDP's, `# DDP:`.
 """
 import argparse
 import os
 import shutil
 import signal
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -47,6 +50,7 @@ from dpcourse.lab import optim, options, preemption, training, world
 from dpcourse.lab.models import FashionCNN
 from fashion_ddp import REFERENCE_BATCH, Trainer, cleanup, load_data, setup
 
+FORMAT = 1  # DCP: the layout of this lab's checkpoints; one of another format is refused
 # what a resume keeps (the world size may change)
 SAME = "model, global batch, seed and training images, on any number of ranks that divides it"
 
@@ -70,9 +74,10 @@ def fail_here(fail, rank, step):
 class ElasticTrainer(Trainer):
     """fashion_ddp's Trainer, saving through DCP on every rank, with --fail's fault."""
 
-    def __init__(self, *lesson, fail, keep=2):
+    def __init__(self, *lesson, fail, io_group=None, keep=2):
         super().__init__(*lesson)
         self.fail, self.keep, self.finishing = fail, keep, False
+        self.io_group, self.writing = io_group, None  # --async-save's group and its last write
         self.saved = self.progress["step"]  # the step of the last save: a resume's is its own
 
     def run_step(self, x, y, step):
@@ -87,6 +92,7 @@ class ElasticTrainer(Trainer):
     def finish(self, stop):
         self.finishing = True  # the last save may be of an epoch's last step
         super().finish(stop)
+        self.wait()
 
     def save(self):
         """CHECKPOINT_DIR/step-NNNNNNN/: each rank's part of the model, the optimizer, the
@@ -102,17 +108,38 @@ class ElasticTrainer(Trainer):
         # is one of them; this model draws no random numbers after its start, so no RNG state
         p.update(elapsed_s=self.log.elapsed(),
                  samples_in_epoch=p["step_in_epoch"] * self.batch * self.world_size)
-        ### BEGIN SOLUTION (hint: the model's and the optimizer's state through get_state_dict, then one dcp.save of them with the schedule, progress and config, to CHECKPOINT_DIR/step-NNNNNNN)
         model_state, optim_state = get_state_dict(self.model, self.opt)  # DCP: no module. prefix
-        # DCP: a collective: every rank writes its part (never under `if rank == 0`)
-        dcp.save({"model": model_state, "optim": optim_state, "sched": self.sched.state_dict(),
-                  "progress": dict(p), "config": self.config},
-                 checkpoint_id=f"{self.args.checkpoint_dir}/step-{p['step']:07d}")
-        ### END SOLUTION
+        state = {"format": FORMAT, "model": model_state, "optim": optim_state,
+                 "sched": self.sched.state_dict(), "progress": dict(p), "config": self.config}
+        path, started = f"{self.args.checkpoint_dir}/step-{p['step']:07d}", time.perf_counter()
+        if self.writing:  # DCP: one save at a time: the last one whole before the next begins
+            self.writing.result()
+            self.drop_old()
+        if self.args.async_save:
+            # DCP: the state copied now; a thread writes it while training goes on
+            self.writing = dcp.async_save(state, checkpoint_id=path, process_group=self.io_group)
+        else:
+            # DCP: a collective: every rank writes its part (never under `if rank == 0`)
+            dcp.save(state, checkpoint_id=path)
+        # DCP: how long training waited for this save: all of it, or the copy alone (async)
+        self.log.write("checkpoint", step=p["step"], path=path, async_save=self.args.async_save,
+                       blocked_ms=round((time.perf_counter() - started) * 1e3, 2))
         self.saved = p["step"]
-        if self.rank == 0:  # DCP: all the parts are written: rank 0 deletes the oldest
+        if not self.writing:
+            self.drop_old()
+
+    def drop_old(self):
+        """Rank 0 deletes the oldest checkpoints once every part of the newest is written."""
+        if self.rank == 0:  # DCP: one rank deletes; the others' parts are written (dcp.save)
             for old in complete(self.args.checkpoint_dir)[:-self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def wait(self):
+        """The last asynchronous save written whole: before the run ends or a process exits."""
+        if self.writing:  # DCP: an unfinished write dies with its process
+            self.writing.result()
+            self.writing = None
+            self.drop_old()
 
 
 def resume(path, model, opt, sched, config, progress, stop):
@@ -121,11 +148,13 @@ def resume(path, model, opt, sched, config, progress, stop):
     ``config`` and ``progress``: this run's, whose keys say what to read."""
     if not (Path(path) / ".metadata").is_file():  # DCP: written last, once every part is there
         stop(training.unreadable_dcp(path))
-    head = {"config": dict(config), "progress": dict(progress)}  # filled in place by dcp.load
+    head = {"format": 0, "config": dict(config), "progress": dict(progress)}  # dcp.load fills it
     try:  # DCP: its config and progress first: a checkpoint of another run stops here
         dcp.load(head, checkpoint_id=path)  # DCP: every rank reads them
     except dcp.CheckpointException as err:  # a part missing or damaged: every rank gets it
         stop(training.unreadable_dcp(path, err))
+    if head["format"] != FORMAT:  # DCP: a layout this lab does not know
+        stop(training.other_format(path, head["format"], FORMAT, "fashion_elastic.py"))
     if head["config"] != config:  # DCP: another model, or another order of the data
         stop(training.other_run(path, head["config"], config, SAME))
     progress = head["progress"]
@@ -206,9 +235,11 @@ def main(args):
               f"{steps_per_epoch} steps per epoch, {env.backend} on {device}{resumed}", flush=True)
         if args.fail and not first:
             print("--fail left out: this run goes on from a checkpoint", flush=True)
+    # DCP: --async-save writes from a thread: its collectives need a group of their own (gloo)
+    io_group = dist.new_group(backend="gloo") if args.async_save else None
     trainer = ElasticTrainer(args, device, model, opt, sched, data,
                              training.Run(progress, config, log, caught),
-                             fail=args.fail if first else None)
+                             fail=args.fail if first else None, io_group=io_group)
     reason = None  # why training stops early: a step limit, a target accuracy, a signal
     while progress["epoch"] < args.epochs and reason is None:
         reason = trainer.run_epoch(progress["epoch"])
@@ -227,6 +258,8 @@ def parse_args(argv=None):
     p.add_argument("--fail", type=options.fail_spec, default=None, metavar="RANK:STEP:KIND",
                    help="hit rank RANK before step STEP in a first attempt: KIND SIGKILL, "
                         "SIGTERM or exception")
+    p.add_argument("--async-save", action="store_true",
+                   help="dcp.async_save: training goes on while a thread writes the checkpoint")
     return p.parse_args(argv)
 
 

@@ -258,7 +258,7 @@ class Trainer:
                 torch.save(unwrap(self.model).state_dict(), args.save_model)
         self.save()
         if env.rank == 0 and stop == "signal":
-            last = args.checkpoint_dir and f"{args.checkpoint_dir}/last.pt"
+            last = args.checkpoint_dir
             print(preemption.stopped_message(self.caught, final["step"], last), flush=True)
         if stop == "signal":  # the first rank to exit may end the job: none before rank 0 has saved
             dist.barrier()  # DDP: wait for rank 0's checkpoint

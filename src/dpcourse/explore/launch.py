@@ -121,21 +121,25 @@ def _threads_per_worker(nproc: int) -> int:
 
 def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: float = 300,
              log_json: bool = True, env: dict | None = None, echo: bool = True,
-             ranks: str | None = None) -> Run:
+             ranks: str | None = None, max_restarts: int = 0) -> Run:
     """Launch ``torchrun --standalone --nproc-per-node nproc script *args`` and stream its output.
 
-    ``log_json`` adds ``--log-json <tmp>`` and returns rank 0's records in ``Run.log``.
+    ``log_json`` adds ``--log-json <tmp>`` and returns rank 0's records in ``Run.log`` (a
+    restarted run's attempts append to it). ``max_restarts``: torchrun's ``--max-restarts``, the
+    times it starts every worker again after one fails.
     ``ranks="0"`` shows only rank 0's lines. A non-zero exit is returned, not raised, so a
     notebook can show what went wrong; check ``run.returncode`` (or call ``run_ok``).
     """
     tmpdir = Path(tempfile.mkdtemp(prefix="dpcourse-run-"))
     # torchrun, less its teardown
     cmd = [sys.executable, "-m", "dpcourse.lab.torchrun", "--standalone",
-           f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={tmpdir / 'torchrun'}"]
+           f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--tee=3",
+           f"--log-dir={tmpdir / 'torchrun'}"]
     # Each line tagged "[rankN]:". The variable, not torchrun's --log-line-prefix-template, which
     # PyTorch 2.11 lacks (seen on a GPU node's 2.11: "unrecognized arguments"); 2.14 reads both.
     env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:", **(env or {})}
-    shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}"]  # what a learner would type
+    shown = ["torchrun", "--standalone", f"--nproc-per-node={nproc}",  # what a learner would type
+             *([f"--max-restarts={max_restarts}"] if max_restarts else [])]
     return _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks,
                    untag=None)
 

@@ -4,6 +4,7 @@ so that under test an error in its drawing fails the notebook's cell.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -320,5 +321,57 @@ def memory_explorer(model: str = "ViT-L/16", world_size: int = 8, gpu: str = "A1
         widget.observe(draw, "value")
     draw()
     box = w.VBox([w.HBox([preset, device, precision]), w.HBox([billions, workers]), out])
+    display(box)
+    return box
+
+
+def interval_explorer(save_s: float = 30.0, restart_s: float = 300.0, gpus: int = 512):
+    """GPUs, the save's time and the restart's; the fraction of the job lost against the interval
+    between two saves (saves plus work done again after failures), its minimum at Young's
+    √(2·C·M), and the interval for 8, 512 and 16,384 GPUs (notebook 14); the figures come from
+    ``dpcourse.explore.checkpoints``, the failure rate from Llama 3's pre-training."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from IPython.display import display
+
+    from dpcourse.explore.checkpoints import human_s, mtbf_s, waste, young_daly_s
+
+    wide = {"style": {"description_width": "initial"}, "continuous_update": False}
+    count = w.SelectionSlider(options=[2 ** k for k in range(3, 15)], value=gpus,
+                              description="GPUs", **wide)
+    save = w.FloatLogSlider(value=save_s, base=10, min=-2, max=3, step=0.1,
+                            description="save time C (s)", **wide)
+    restart = w.FloatLogSlider(value=restart_s, base=10, min=0, max=4, step=0.1,
+                               description="restart time R (s)", **wide)
+    out = w.Output()
+
+    def draw(*_):
+        M, C, R = mtbf_s(count.value), save.value, restart.value
+        best = young_daly_s(C, M)
+        with drawing(out):
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
+            taus = np.logspace(math.log10(C) - 0.5, math.log10(M), 200)
+            ax.semilogx(taus, [100 * waste(t, C, M, R) for t in taus], label="lost, in all")
+            ax.semilogx(taus, [100 * C / t for t in taus], ":", label="saving (C / τ)")
+            ax.semilogx(taus, [100 * (t / 2 + R) / M for t in taus], "--",
+                        label="failures ((τ/2 + R) / M)")
+            ax.axvline(best, color="k", lw=0.8)
+            ax.annotate(f" √(2CM) = {human_s(best)}", (best, 50), fontsize=8)
+            ax.set(xlabel="interval between two saves τ (s)", ylabel="% of the job lost",
+                   ylim=(0, 100), title=f"{count.value:,} GPUs: a failure every {human_s(M)}")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            plt.show()
+            for g in (8, 512, 16_384):
+                t = young_daly_s(C, mtbf_s(g))
+                print(f"{g:>6,} GPUs: a failure every {human_s(mtbf_s(g)):>10}; save every "
+                      f"{human_s(t):>10}, losing {100 * waste(t, C, mtbf_s(g), R):.2g} %")
+
+    for widget in (count, save, restart):
+        widget.observe(draw, "value")
+    draw()
+    box = w.VBox([w.HBox([count, save, restart]), out])
     display(box)
     return box

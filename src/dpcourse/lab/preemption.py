@@ -64,9 +64,9 @@ def ignore_in_worker(worker_id: int = 0) -> None:
 
 
 def stopped_message(caught: Caught, step: int, saved: str | None) -> str:
-    """Rank 0's one line when a signal stopped the run."""
+    """Rank 0's one line when a signal stopped the run; ``saved``: the --checkpoint-dir."""
     why = {"SIGUSR1": "the job's time-limit warning (SIGUSR1)",
            "SIGTERM": "SIGTERM (time limit, scancel or preemption)"}
-    where = (f"checkpoint of step {step} in {saved}: --resume auto goes on from there" if saved
+    where = (f"checkpoint of step {step} in {saved}/: --resume auto goes on from there" if saved
              else "nothing was saved (no --checkpoint-dir): a new run starts from step 0")
     return f"stopped after step {step} by {why.get(caught.signal, caught.signal)}; {where}"

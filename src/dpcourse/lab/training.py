@@ -71,6 +71,16 @@ def other_run(path, saved: dict, config: dict, same: str = "model") -> str:
             "or start afresh without --resume.")
 
 
+def other_format(path, found: int, known: int, lab: str) -> str:
+    """The message for a checkpoint whose format (a number the lab writes into it) is not the one
+    this ``lab`` reads (``known``): one written by a newer version, or an older one."""
+    if found > known:
+        return (f"--resume {path} was written by a newer {lab} (checkpoint format {found}; this "
+                f"one reads format {known}). Update the course (git pull), or start afresh.")
+    return (f"--resume {path} was written by an older {lab} (checkpoint format {found}; this one "
+            f"reads format {known}). Resume it with the version that wrote it, or start afresh.")
+
+
 def unreadable_dcp(path, err: BaseException | None = None) -> str:
     """The message for a distributed checkpoint (a folder of torch.distributed.checkpoint) that
     cannot be read: one without its .metadata (incomplete, or not one), or one whose load raised
@@ -82,6 +92,10 @@ def unreadable_dcp(path, err: BaseException | None = None) -> str:
     if failures:  # {rank: (exception, traceback)}
         err = failures[min(failures)][0]
     why = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    if why.startswith("Missing key in checkpoint state_dict"):  # asked for a key it does not hold
+        return (f"--resume {path} holds no {why.rsplit(':', 1)[-1].strip(' .')}: it holds "
+                "get_state_dict's keys (no module. prefix, the optimizer's state by parameter "
+                "name). Load into get_state_dict's dicts and put them back with set_state_dict.")
     return (f"--resume {path}: it cannot be read ({type(err).__name__}: {why[:200]}); a file may "
             "be missing or damaged, or another version of the lab wrote it. Resume from an "
             "earlier step-NNNNNNN folder, or start afresh.")
