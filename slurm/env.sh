@@ -192,11 +192,23 @@ run_training() {
     return "$status"
 }
 
+# The newest complete checkpoint in RUNS: rank 0's last.pt, or the .metadata of a distributed
+# checkpoint's step-NNNNNNN/ (fashion_elastic.py: written last, once every rank's part is there).
+newest_checkpoint() {
+    local newest="" f
+    for f in "$RUNS/last.pt" "$RUNS"/step-*/.metadata; do
+        if [[ -e $f && ( -z $newest || $f -nt $newest ) ]]; then newest=$f; fi
+    done
+    echo "$newest"
+}
+
 # Requeue only a run that saved after the warning, and at most MAX_REQUEUES times (SLURM_RESTART_COUNT):
 # a job that makes no progress must not spend the account's hours in a loop.
 MAX_REQUEUES=${MAX_REQUEUES:-3}  # a course's jobs: 3 more runs at most (an account's hours are shared)
 requeue_job() {
-    if [[ ! $RUNS/last.pt -nt $RUNS/.warned ]]; then
+    local saved
+    saved=$(newest_checkpoint)
+    if [[ -z $saved || ! $saved -nt $RUNS/.warned ]]; then
         echo "$(date +%T) no checkpoint was written after the warning (exit status $1): not requeued"
         return "$1"
     fi
@@ -204,7 +216,7 @@ requeue_job() {
         echo "$(date +%T) requeued $MAX_REQUEUES times already (MAX_REQUEUES): not again; resubmit to go on"
         return "$1"
     fi
-    echo "$(date +%T) scontrol requeue $SLURM_JOB_ID: the next run resumes from $RUNS/last.pt"
+    echo "$(date +%T) scontrol requeue $SLURM_JOB_ID: the next run resumes from ${saved%/.metadata}"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0  # Slurm ends this run of the script as it requeues the job
 }

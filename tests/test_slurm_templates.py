@@ -621,6 +621,55 @@ def test_a_preempted_job_resumes_from_its_last_checkpoint(slurm, tmp_path):
           f"(saved on SIGTERM: {bool(saved)}), finished at step {resumed + 10}")
 
 
+@pytest.mark.slow
+def test_a_distributed_checkpoint_resumes_in_a_job_with_fewer_nodes(slurm, tmp_path):
+    """cpu.sbatch with LAB=fashion_elastic.py: 2 nodes write a distributed checkpoint (a part per
+    rank); the same job script submitted again on 1 node resumes it (--resume auto, the
+    template's) at the same step and place in the data, and finishes."""
+    elastic = {"LAB": str(ROOT / "solutions" / "labs" / "fashion_elastic.py")}
+    args = ["--train-images", "6000", "--global-batch-size", "600", "--no-eval", "--epochs", "2",
+            "--width", "4", "--norm", "none", "--log-every", "1"]
+    first, _, runs = submit(slurm, "cpu.sbatch", tmp_path, "--ntasks-per-node=1",
+                            args=[*args, "--max-steps", "12"], env=elastic)
+    assert first.returncode == 0, first.log + first.output
+    assert sorted(p.name for p in (runs / "step-0000012").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # a part from each node's rank
+    second, _, _ = submit(slurm, "cpu.sbatch", tmp_path, "--nodes=1", "--ntasks-per-node=1",
+                          args=args, env=elastic)
+    assert second.returncode == 0, second.log + second.output
+    assert "resumed at step 12 (1,200 images into epoch 1)" in second.output, second.output
+    done = read_log(runs / "log.jsonl")[-1]
+    assert (done["event"], done["stop"], done["step"], done["world_size"]) == \
+        ("done", "epochs", 20, 1), done
+
+
+def test_a_requeue_waits_for_a_distributed_checkpoint_written_after_the_warning(tmp_path):
+    """env.sh's newest_checkpoint, which requeue_job compares with the warning's time: last.pt or
+    a complete step-NNNNNNN/ (its .metadata), the newest of them; a step folder without its
+    .metadata (a save cut short) does not count."""
+    def newest(runs):
+        function = f'sed -n "/^newest_checkpoint()/,/^}}/p" {SLURM_DIR / "env.sh"}'
+        return subprocess.run(["bash", "-c", f"RUNS={runs}; source <({function}); "
+                               "newest_checkpoint"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    runs = tmp_path / "runs"
+    for step in ("step-0000005", "step-0000009"):
+        (runs / step).mkdir(parents=True)
+    (runs / "last.pt").write_text("")
+    (runs / "step-0000005" / ".metadata").write_text("")
+    (runs / "step-0000009" / "__0_0.distcp").write_text("cut short")
+    os.utime(runs / "last.pt", (1000, 1000))
+    os.utime(runs / "step-0000005" / ".metadata", (2000, 2000))
+    assert newest(runs) == f"{runs}/step-0000005/.metadata"
+    (runs / "step-0000009" / ".metadata").write_text("")  # the save, completed later
+    os.utime(runs / "step-0000009" / ".metadata", (3000, 3000))
+    assert newest(runs) == f"{runs}/step-0000009/.metadata"
+    os.utime(runs / "last.pt", (4000, 4000))  # rank 0's torch.save, the newest
+    assert newest(runs) == f"{runs}/last.pt"
+    assert newest(tmp_path / "none") == ""
+
+
 def _wait_all(slurm, jobs: dict, timeout: float) -> dict:
     """{name: (state, exit code)} of jobs that run side by side, each asked for in turn until it
     has ended: slurmctld forgets an ended job after MinJobAge (3 s here), so waiting for one job
