@@ -4,6 +4,9 @@ the same batches; a rank killed mid-run and the run restarted by torchrun from i
 checkpoint; every checkpoint it cannot resume refused in one line. Real runs: torchrun on 2 and 3
 ranks, one process without a launcher, real FashionMNIST."""
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -11,8 +14,9 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import ROOT, lab_cmd, run
-from test_fashion_ddp import messages
+from conftest import ROOT, end_session, lab_cmd, run
+from dpcourse.lab.rendezvous import free_port
+from test_fashion_ddp import messages, wait_until
 
 LAB = ROOT / "solutions" / "labs" / "fashion_elastic.py"
 COUNTED = ROOT / "tests" / "helpers" / "elastic_indices.py"  # the lab, logging its indices
@@ -222,3 +226,63 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_a_finished_run_sto
                             "--max-steps", 13), timeout=300))
     assert (f"{copy}/step-0000013 is the checkpoint of a finished run (step 13, stopped by "
             "max_steps): nothing to do") in result.stdout, result.stdout
+
+
+def _records(log):
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_an_agent_that_leaves_is_a_smaller_world_that_resumes_and_finishes(tmp_path, fashion_root):
+    """torchrun --nnodes=1:2, two agents on this machine (two "nodes" of one process each) meeting
+    at a c10d rendezvous: the run trains on 2 ranks; the second agent and its worker are killed;
+    the first agent restarts its worker in a world of 1, which resumes from the newest complete
+    distributed checkpoint and finishes. The shared store is off
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE: with it, the agents of one host meet the next round on
+    the dead one's port)."""
+    port, log = free_port(), tmp_path / "log.jsonl"
+    conf = ("join_timeout=60,last_call_timeout=3,close_timeout=5,keep_alive_interval=1,"
+            "keep_alive_max_attempt=4")  # an agent that stops answering is gone within ~5 s
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test",
+           f"--rdzv-conf={conf}", "--max-restarts=3", str(LAB), *map(str, COMMON),
+           "--epochs", "4", "--max-steps", "40", "--checkpoint-dir", str(tmp_path / "ck"),
+           "--checkpoint-every", "2", "--resume", "auto", "--log-json", str(log)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    agents = []
+    try:
+        for name in ("first", "second"):
+            with open(tmp_path / f"{name}.out", "w") as out:
+                agents.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
+                                               stderr=subprocess.STDOUT, start_new_session=True))
+            if name == "first":  # it hosts the rendezvous: the second must not
+                wait_until(lambda: _listening(port), agents[0], what="the first agent's store")
+        first, second = agents
+        wait_until(lambda: any(r["event"] == "train" and r["world_size"] == 2 and r["step"] >= 3
+                               for r in _records(log)), first, second, what="training on 2 ranks")
+        workers = subprocess.run(["pgrep", "-P", str(second.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        for pid in [*map(int, workers), second.pid]:  # the "node" is gone: agent and worker
+            os.kill(pid, signal.SIGKILL)
+        first.wait(timeout=300)
+    finally:
+        for agent in agents:
+            end_session(agent)
+    said = (tmp_path / "first.out").read_text()
+    assert first.returncode == 0, said
+    records = _records(log)
+    resumes = [r for r in records if r["event"] == "resume"]
+    assert resumes and resumes[-1]["world_size"] == 1, said
+    resumed_at = resumes[-1]["step"]
+    assert resumes[-1]["checkpoint"].endswith(f"step-{resumed_at:07d}")
+    assert "1 × 600 = global batch 600" in said and f"resumed at step {resumed_at}" in said
+    # the 2 ranks saved the step the one rank resumed
+    assert any(r["event"] == "checkpoint" and r["world_size"] == 2 and r["step"] == resumed_at
+               for r in records), records
+    done = [r for r in records if r["event"] == "done"][-1]
+    assert (done["step"], done["world_size"], done["stop"]) == (40, 1, "max_steps"), done
