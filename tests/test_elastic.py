@@ -286,3 +286,34 @@ def test_an_agent_that_leaves_is_a_smaller_world_that_resumes_and_finishes(tmp_p
                for r in records), records
     done = [r for r in records if r["event"] == "done"][-1]
     assert (done["step"], done["world_size"], done["stop"]) == (40, 1, "max_steps"), done
+
+
+RESHARD = ROOT / "tests" / "helpers" / "dcp_reshard.py"
+
+
+def _reshard(nproc, *args):
+    result = ok(run(lab_cmd(nproc, RESHARD, *args), timeout=300))
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _furthest(a, b):
+    return max(abs(x - y) for k in a["weights"] for x, y in zip(a["weights"][k], b["weights"][k]))
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_and_ddp_replicas_are_resumed_by_any_wrapper_at_any_world_size(tmp_path):
+    """The lab's calls (get_state_dict, dcp.save; dcp.load, set_state_dict) on the course CNN with
+    AdamW: FSDP2 saved on 2 ranks, its shards re-cut for 3 ranks and joined for one plain process;
+    DDP saved on 2 ranks, loaded as FSDP2 shards on 3. Each then trains 2 more steps on the same
+    global batches: the weights are those of the run never stopped (float64; measured 2.8e-17)."""
+    fsdp2 = _reshard(2, "save", "fsdp", tmp_path / "fsdp")
+    ddp2 = _reshard(2, "save", "ddp", tmp_path / "ddp")
+    assert _furthest(fsdp2, ddp2) == 0.0  # two ranks: the same sums
+    total = ddp2["held"]  # a replica holds all of Adam's moments
+    assert fsdp2["held"] < 0.6 * total  # FSDP2: each rank its shards' (about 1/2)
+    for nproc, kind, saved, reference in ((3, "fsdp", "fsdp", fsdp2), (1, "plain", "fsdp", fsdp2),
+                                          (3, "fsdp", "ddp", ddp2)):
+        resumed = _reshard(nproc, "load", kind, tmp_path / saved)
+        assert resumed["world_size"] == nproc
+        assert _furthest(resumed, reference) < 1e-12, (saved, kind, nproc)
+        assert resumed["held"] == total if kind == "plain" else resumed["held"] < 0.45 * total
