@@ -185,6 +185,10 @@ def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
     subprocess.run(["cp", "-r", str(ck / "step-0000010"), str(broken)], check=True)
     (broken / "__1_0.distcp").unlink()
     newer = format_of(ck / "step-0000010", tmp_path, 2)
+    import torch.distributed.checkpoint as dcp
+
+    foreign = tmp_path / "foreign"  # a distributed checkpoint of another program
+    dcp.save({"model": {"w": torch.zeros(3)}, "step": 7}, checkpoint_id=foreign, no_dist=True)
     cases = [
         (["--global-batch-size", 300], ck / "step-0000010",
          "was written by another run: global_batch 600 (this run: 300). Resume with the same "
@@ -200,6 +204,8 @@ def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
         ([], broken, "No such file or directory"),
         ([], newer, "was written by a newer fashion_elastic.py (checkpoint format 2; this one "
          "reads format 1). Update the course (git pull), or start afresh."),
+        ([], foreign, "holds no format: the lab asks for a key its save() did not write, or "
+         "another program wrote it"),
     ]
     for extra, path, says in cases:
         resume = ["--resume", path] if path else []

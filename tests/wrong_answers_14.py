@@ -14,9 +14,6 @@ INTERVAL = """
     mtbf_s = {mtbf}
     return {interval}"""
 # Each resume answer is a 2-rank save and an async run (§1, about 20 s), then a 3-rank resume.
-# Not registered: dcp.load alone, without set_state_dict. On DDP's replicas it is right (dcp.load
-# fills get_state_dict's tensors in place, and they are the parameters), so no check can reject
-# it; under FSDP2 it is not, which is why the lesson's line is set_state_dict.
 
 WRONG = {
     ("14_checkpoints.ipynb", "exercise 1"): {
@@ -29,6 +26,16 @@ WRONG = {
             opt.load_state_dict(state["optim"])
             sched.load_state_dict(state["sched"])"""),
             "it holds get_state_dict's keys"),
+        "the checkpoint's parts asked for under other keys (optimizer, scheduler)": (
+            Lab("fashion_elastic.py", RESUME, """
+            model_state, optim_state = get_state_dict(model, opt)
+            state = {"model": model_state, "optimizer": optim_state,
+                     "scheduler": sched.state_dict()}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+            sched.load_state_dict(state["scheduler"])"""),
+            'Ask dcp.load for the keys save() wrote ("model", "optim", "sched")'),
         "the schedule left out": (Lab("fashion_elastic.py", RESUME, """
             model_state, optim_state = get_state_dict(model, opt)
             state = {"model": model_state, "optim": optim_state}
@@ -45,6 +52,14 @@ WRONG = {
                            optim_state_dict=optim_state)
             sched.load_state_dict(state["sched"])"""),
             "something a step depends on was not restored"),
+        "dcp.load alone: the tensors filled in place, set_state_dict left out": (
+            Lab("fashion_elastic.py", RESUME, """
+            model_state, optim_state = get_state_dict(model, opt)
+            state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
+            dcp.load(state, checkpoint_id=path)
+            sched.load_state_dict(state["sched"])"""),
+            "only set_state_dict(model, opt, model_state_dict=..., optim_state_dict=...) puts all "
+            "of them back"),
     },
     ("14_checkpoints.ipynb", "exercise 2"): {
         "each rank skips samples_done images of its own share": (
@@ -57,6 +72,12 @@ WRONG = {
         "contiguous shards instead of dealt in turn": (REST.format(
             mine="order[rank * len(order) // world_size:(rank + 1) * len(order) // world_size]",
             done="samples_done // world_size"), "images trained on twice in the epoch"),
+        "a last, shorter batch kept": ("""
+            batch = global_batch // world_size
+            mine = order[rank::world_size]
+            done = samples_done // world_size
+            return [mine[i:i + batch] for i in range(done, len(mine), batch)]""",
+            "a last, shorter batch is dropped"),
         "the whole global batch on every rank": ("""
             mine = order[rank::world_size]
             done = samples_done // world_size

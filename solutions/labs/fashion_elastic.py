@@ -34,6 +34,7 @@ import shutil
 import signal
 import sys
 import time
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def complete(checkpoint_dir):
 
 
 def fail_here(fail, rank, step):
-    """--fail RANK:STEP:KIND: hit this rank before ``step`` if it is RANK."""
+    """--fail RANK:STEP:KIND: hit this rank before ``step`` (counted from 1, as the log counts
+    steps done) if it is RANK."""
     if fail is None or (fail.rank, fail.step) != (rank, step):
         return
     print(f"[rank {rank}] --fail: {fail.kind} before step {step}", flush=True)
@@ -81,7 +83,7 @@ class ElasticTrainer(Trainer):
         self.saved = self.progress["step"]  # the step of the last save: a resume's is its own
 
     def run_step(self, x, y, step):
-        fail_here(self.fail, self.rank, step)
+        fail_here(self.fail, self.rank, step + 1)  # step: the steps done before this one
         return super().run_step(x, y, step)
 
     def test(self):
@@ -103,9 +105,10 @@ class ElasticTrainer(Trainer):
         if (not self.args.checkpoint_dir or self.saved == p["step"]
                 or (p["step_in_epoch"] == self.steps_per_epoch and not self.finishing)):
             return
-        # DCP: where the run is in the data: the epoch, and the images done in it. Other entries
-        # every rank holds are written once, by any one rank: rank 0's clock, in its progress,
-        # is one of them; this model draws no random numbers after its start, so no RNG state
+        # DCP: where the run is in the data: the epoch, and the images done in it. A key every
+        # rank offers is written once, from one rank DCP picks (it compares keys, not values):
+        # the clock in progress is that rank's; this model draws no random numbers after its
+        # start, so no RNG state
         p.update(elapsed_s=self.log.elapsed(),
                  samples_in_epoch=p["step_in_epoch"] * self.batch * self.world_size)
         model_state, optim_state = get_state_dict(self.model, self.opt)  # DCP: no module. prefix
@@ -136,10 +139,20 @@ class ElasticTrainer(Trainer):
 
     def wait(self):
         """The last asynchronous save written whole: before the run ends or a process exits."""
-        if self.writing:  # DCP: an unfinished write dies with its process
+        if self.writing:  # DCP: before cleanup() destroys the group its thread writes with
             self.writing.result()
             self.writing = None
             self.drop_old()
+
+
+def load(path, state, stop):
+    """``state`` filled in place from the checkpoint at ``path``, on every rank (a collective); a
+    part missing or damaged ends the run in one line."""
+    try:
+        dcp.load(state, checkpoint_id=path)  # DCP: every rank reads what it asks for
+    except dcp.CheckpointException as err:  # every rank gets it
+        stop(training.unreadable_dcp(path, err))
+    return state
 
 
 def resume(path, model, opt, sched, config, progress, stop):
@@ -148,18 +161,16 @@ def resume(path, model, opt, sched, config, progress, stop):
     ``config`` and ``progress``: this run's, whose keys say what to read."""
     if not (Path(path) / ".metadata").is_file():  # DCP: written last, once every part is there
         stop(training.unreadable_dcp(path))
-    head = {"format": 0, "config": dict(config), "progress": dict(progress)}  # dcp.load fills it
-    try:  # DCP: its config and progress first: a checkpoint of another run stops here
-        dcp.load(head, checkpoint_id=path)  # DCP: every rank reads them
-    except dcp.CheckpointException as err:  # a part missing or damaged: every rank gets it
-        stop(training.unreadable_dcp(path, err))
-    if head["format"] != FORMAT:  # DCP: a layout this lab does not know
-        stop(training.other_format(path, head["format"], FORMAT, "fashion_elastic.py"))
+    found = load(path, {"format": 0}, stop)["format"]  # DCP: its layout first (dcp.load fills)
+    if found != FORMAT:  # DCP: a layout this lab does not know
+        stop(training.other_format(path, found, FORMAT, "fashion_elastic.py"))
+    # DCP: then its config and progress: a checkpoint of another run stops here
+    head = load(path, {"config": dict(config), "progress": dict(progress)}, stop)
     if head["config"] != config:  # DCP: another model, or another order of the data
         stop(training.other_run(path, head["config"], config, SAME))
     progress = head["progress"]
     try:
-        ### BEGIN SOLUTION (hint: the model's and optimizer's state dicts from get_state_dict as the shapes to fill, dcp.load them with the schedule, then set_state_dict and sched.load_state_dict)
+        ### BEGIN SOLUTION (hint: the model's and optimizer's state dicts from get_state_dict as the shapes to fill; dcp.load them with the schedule's under save()'s keys model, optim, sched; then set_state_dict and sched.load_state_dict)
         model_state, optim_state = get_state_dict(model, opt)  # DCP: this run's shapes, to fill
         state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
         dcp.load(state, checkpoint_id=path)  # DCP: every rank reads the pieces it needs
@@ -219,7 +230,8 @@ def main(args):
                   "afresh.", flush=True)
         return cleanup()  # DDP: leave the group here too
     # --fail in a run's first attempt only: a restart or a resume goes on
-    first = not checkpoint and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    first = (not checkpoint  # DCP: and not a torchrun restart (it counts them for its workers)
+             and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
     if args.fail and args.fail.rank >= world_size:
         stop(f"--fail {args.fail.rank}:{args.fail.step}:{args.fail.kind}: there is no rank "
              f"{args.fail.rank} among {world_size}; give a rank from 0 to {world_size - 1}.")
@@ -235,8 +247,9 @@ def main(args):
               f"{steps_per_epoch} steps per epoch, {env.backend} on {device}{resumed}", flush=True)
         if args.fail and not first:
             print("--fail left out: this run goes on from a checkpoint", flush=True)
-    # DCP: --async-save writes from a thread: its collectives need a group of their own (gloo)
-    io_group = dist.new_group(backend="gloo") if args.async_save else None
+    # DCP: --async-save's writing thread needs a group of its own, gloo even on GPUs (not NCCL)
+    io_group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
+                if args.async_save else None)
     trainer = ElasticTrainer(args, device, model, opt, sched, data,
                              training.Run(progress, config, log, caught),
                              fail=args.fail if first else None, io_group=io_group)

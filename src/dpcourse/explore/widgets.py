@@ -353,14 +353,17 @@ def interval_explorer(save_s: float = 30.0, restart_s: float = 300.0, gpus: int 
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
             taus = np.logspace(math.log10(C) - 0.5, math.log10(M), 200)
-            ax.semilogx(taus, [100 * waste(t, C, M, R) for t in taus], label="lost, in all")
-            ax.semilogx(taus, [100 * C / t for t in taus], ":", label="saving (C / τ)")
-            ax.semilogx(taus, [100 * (t / 2 + R) / M for t in taus], "--",
-                        label="failures ((τ/2 + R) / M)")
+            least = 100 * waste(best, C, M, R)
+            ax.loglog(taus, [100 * waste(t, C, M, R) for t in taus], lw=2.5, label="lost, in all")
+            ax.loglog(taus, [100 * C / t for t in taus], ":", label="saving (C / τ)")
+            ax.loglog(taus, [100 * (t / 2 + R) / M for t in taus], "--",
+                      label="failures ((τ/2 + R) / M)")
             ax.axvline(best, color="k", lw=0.8)
-            ax.annotate(f" √(2CM) = {human_s(best)}", (best, 50), fontsize=8)
-            ax.set(xlabel="interval between two saves τ (s)", ylabel="% of the job lost",
-                   ylim=(0, 100), title=f"{count.value:,} GPUs: a failure every {human_s(M)}")
+            ax.annotate(f" √(2CM) = {human_s(best)}: {least:.2g} % lost", (best, least / 2),
+                        fontsize=8)
+            ax.set(xlabel="interval between two saves τ (s)", ylabel="% of the job lost (log)",
+                   ylim=(least / 5, 100),
+                   title=f"{count.value:,} GPUs: a failure every {human_s(M)}")
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
             plt.show()

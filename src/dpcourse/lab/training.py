@@ -93,9 +93,14 @@ def unreadable_dcp(path, err: BaseException | None = None) -> str:
         err = failures[min(failures)][0]
     why = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     if why.startswith("Missing key in checkpoint state_dict"):  # asked for a key it does not hold
-        return (f"--resume {path} holds no {why.rsplit(':', 1)[-1].strip(' .')}: it holds "
-                "get_state_dict's keys (no module. prefix, the optimizer's state by parameter "
-                "name). Load into get_state_dict's dicts and put them back with set_state_dict.")
+        key = why.rsplit(":", 1)[-1].strip(" .")
+        if key.startswith(("model.", "optim.")):  # the model's or the optimizer's, misnamed
+            return (f"--resume {path} holds no {key}: it holds get_state_dict's keys (no module. "
+                    "prefix, the optimizer's state by parameter name). Load into get_state_dict's "
+                    "dicts and put them back with set_state_dict.")
+        return (f"--resume {path} holds no {key}: the lab asks for a key its save() did not "
+                "write, or another program wrote it. Resume from a checkpoint of this lab, or "
+                "start afresh.")
     return (f"--resume {path}: it cannot be read ({type(err).__name__}: {why[:200]}); a file may "
             "be missing or damaged, or another version of the lab wrote it. Resume from an "
             "earlier step-NNNNNNN folder, or start afresh.")
