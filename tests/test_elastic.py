@@ -325,3 +325,41 @@ def test_fsdp2_shards_and_ddp_replicas_are_resumed_by_any_wrapper_at_any_world_s
         assert resumed["world_size"] == nproc
         assert _furthest(resumed, reference) < 1e-12, (saved, kind, nproc)
         assert resumed["held"] == total if kind == "plain" else resumed["held"] < 0.45 * total
+
+
+class _Planted:
+    """What a hostile .metadata holds: unpickling it runs a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_someone_else_could_have_written_is_never_read(stopped, tmp_path):
+    """A distributed checkpoint's .metadata is a pickle: reading it runs what it holds. A
+    classmate's folder (another owner), and one of yours that others may write to, each with a
+    planted .metadata: the lab refuses both in one line, before DCP reads a byte, and the planted
+    command never runs."""
+    import pickle
+    import shutil
+
+    ck, _ = stopped
+    marker = tmp_path / "ran"
+    for case, says in (("theirs", "owned by uid 65534"), ("writable", "is writable by others")):
+        folder = tmp_path / case
+        shutil.copytree(ck / "step-0000010", folder)
+        (folder / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+        if case == "theirs":  # another account's files (the test runs as root: chown works)
+            for entry in [folder, *folder.iterdir()]:
+                os.chown(entry, 65534, 65534)
+        else:
+            (folder / ".metadata").chmod(0o646)
+        result = run(lab_cmd(1, LAB, *COMMON, "--resume", folder), timeout=300)
+        said = [line for line in messages(result.stdout) if line.startswith("[rank")]
+        assert result.returncode != 0 and len(said) == 1, result.stdout
+        assert said[0].startswith(f"[rank 0] --resume {folder}: ") and says in said[0], said
+        assert "runs the code its .metadata (a pickle) may hold" in said[0]
+        assert not marker.exists(), "the planted pickle ran"

@@ -161,6 +161,8 @@ def resume(path, model, opt, sched, config, progress, stop):
     ``config`` and ``progress``: this run's, whose keys say what to read."""
     if not (Path(path) / ".metadata").is_file():  # DCP: written last, once every part is there
         stop(training.unreadable_dcp(path))
+    if why := training.not_yours(path):  # DCP: reading a checkpoint runs its pickles: yours alone
+        stop(why)
     found = load(path, {"format": 0}, stop)["format"]  # DCP: its layout first (dcp.load fills)
     if found != FORMAT:  # DCP: a layout this lab does not know
         stop(training.other_format(path, found, FORMAT, "fashion_elastic.py"))

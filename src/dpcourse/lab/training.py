@@ -81,6 +81,26 @@ def other_format(path, found: int, known: int, lab: str) -> str:
             f"reads format {known}). Resume it with the version that wrote it, or start afresh.")
 
 
+def not_yours(path) -> str | None:
+    """Why the distributed checkpoint at ``path`` must not be read by this user, or None: reading
+    one runs what its .metadata holds (a pickle) and what its pickled values hold, so the folder
+    and every file in it must be this user's, writable by no one else (by its group only when that
+    is the user's own primary group)."""
+    uid, gid = os.getuid(), os.getgid()
+    for entry in [Path(path), *sorted(Path(path).iterdir())]:
+        st = entry.lstat()
+        if entry.is_symlink() or st.st_uid != uid:
+            why = "a link" if entry.is_symlink() else f"owned by uid {st.st_uid}, not you ({uid})"
+        elif st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != gid):
+            why = "writable by others" if st.st_mode & 0o002 else f"writable by group {st.st_gid}"
+        else:
+            continue
+        return (f"--resume {path}: {entry.name} is {why}. Reading a distributed checkpoint runs "
+                "the code its .metadata (a pickle) may hold: resume only from checkpoints you "
+                "wrote, in a folder no one else can write to.")
+    return None
+
+
 def unreadable_dcp(path, err: BaseException | None = None) -> str:
     """The message for a distributed checkpoint (a folder of torch.distributed.checkpoint) that
     cannot be read: one without its .metadata (incomplete, or not one), or one whose load raised
