@@ -39,7 +39,8 @@ def test_the_rehearsal_runs_every_step_and_writes_one_table_and_its_figures(tmp_
     out, report = rehearse(tmp_path, "--nproc", "1")
     assert report["rehearsal"] is True and report["nproc"] == 1
     rows = {c["name"]: c for c in report["checks"]}
-    assert list(rows) == ["doctor", "nccl", "fashion", "resnet50", "memory", "clinic"]
+    assert list(rows) == ["doctor", "nccl", "fashion", "resnet50", "memory", "clinic",
+                          "checkpoint"]
     assert all(c["ok"] for c in rows.values()), rows
     assert "skipped" in rows["nccl"]["summary"]  # one process: nothing to all-reduce between
     assert (rows["fashion"]["figures"]["test_accuracy"] > 0
@@ -47,7 +48,10 @@ def test_the_rehearsal_runs_every_step_and_writes_one_table_and_its_figures(tmp_
     assert (rows["resnet50"]["figures"]["synthetic_images_per_s"] > 0
             and rows["resnet50"]["figures"]["jpeg_images_per_s"] > 0)
     assert set(rows["memory"]["figures"]["peak_bytes"]) == {"ddp", "fsdp"}
-    assert "CPU REHEARSAL" in out and all(f"\n{name:9}  " in out for name in rows)
+    # saved by FSDP2 on one process, loaded by a plain one: the weights of the run never stopped
+    assert rows["checkpoint"]["figures"]["resumed_on"] == 1
+    assert rows["checkpoint"]["figures"]["max_abs_diff"] < 1e-12
+    assert "CPU REHEARSAL" in out and all(f"\n{name:10}  " in out for name in rows)
 
 
 def test_the_bandwidth_step_all_reduces_between_two_processes(tmp_path):
@@ -73,8 +77,10 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
         return [{"rank": r, "device": f"cuda:{r}", "loaded_on": [d], "mib_per_gpu": [64, 0, 0, 0]}
                 for r, d in enumerate(devices)]
 
+    weights = {"w": [0.5, -0.25]}
     logs = {"gpucheck": [{"event": "busbw", "backend": "nccl", "world_size": 4, "algbw_gbs": 100.0,
-                          "busbw_gbs": 150.0}],
+                          "busbw_gbs": 150.0},
+                         {"event": "reshard", "dcp_ms": 40.0, "weights": weights}],
             "fashion_ddp": [{"event": "epoch", "samples_per_s": 50_000.0},
                             {"event": "done", "test_accuracy": 0.905, "elapsed_s": 12.5,
                              "epoch": 3.0, "world_size": 4}],
@@ -89,7 +95,7 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
     calls = []
 
     def launch(self, name, *args, nproc=None, timeout=600):
-        calls.append((name, [str(a) for a in args]))
+        calls.append((name, [str(a) for a in args], nproc))
         return Run(["torchrun"], 0, [], logs[name])
 
     monkeypatch.setattr(gpucheck.Checker, "launch", launch)
@@ -97,7 +103,7 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
     # a V100: fp16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     checker = gpucheck.Checker(4, rehearsal=False, root=ROOT)
-    for name in ("nccl", "fashion", "resnet50", "memory", "clinic"):
+    for name in ("nccl", "fashion", "resnet50", "memory", "clinic", "checkpoint"):
         checker.check(name, lambda: gpucheck.CHECKS[name](checker))
     rows = {r.name: r for r in checker.results}
     assert all(r.ok for r in rows.values()), rows
@@ -106,7 +112,12 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
     assert (rows["fashion"].figures["samples_per_s"] == 50_000.0
             and "90.50%" in rows["fashion"].summary)
     assert "cuda:0" in rows["clinic"].summary
-    for name, args in calls:
+    # FSDP2 saved on the node's 4 GPUs, its shards re-cut for 3
+    reshard = [(args[args.index("--action") + 1], args[args.index("--wrap") + 1], nproc)
+               for name, args, nproc in calls if "reshard" in args]
+    assert reshard == [("save", "fsdp", None), ("load", "fsdp", 3)], reshard
+    assert "FSDP2 saved on 4 GPU(s) (40 ms), resumed as FSDP2 on 3" in rows["checkpoint"].summary
+    for name, args, _ in calls:
         path = (ROOT / "src" / "dpcourse" / "cluster" / "gpucheck.py" if name == "gpucheck"
                 else ROOT / "solutions" / "labs" / f"{name}.py")
         # the lab's own parser, with the option groups of dpcourse.lab.options

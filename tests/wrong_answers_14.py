@@ -26,9 +26,18 @@ WRONG = {
             opt.load_state_dict(state["optim"])
             sched.load_state_dict(state["sched"])"""),
             "it holds get_state_dict's keys"),
-        "the checkpoint's parts asked for under other keys (optimizer, scheduler)": (
+        "get_state_dict without save()'s options=FLAT (the optimizer's groups by number)": (
             Lab("fashion_elastic.py", RESUME, """
             model_state, optim_state = get_state_dict(model, opt)
+            state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+            sched.load_state_dict(state["sched"])"""),
+            "Call get_state_dict with the options save() passes"),
+        "the checkpoint's parts asked for under other keys (optimizer, scheduler)": (
+            Lab("fashion_elastic.py", RESUME, """
+            model_state, optim_state = get_state_dict(model, opt, options=FLAT)
             state = {"model": model_state, "optimizer": optim_state,
                      "scheduler": sched.state_dict()}
             dcp.load(state, checkpoint_id=path)
@@ -37,7 +46,7 @@ WRONG = {
             sched.load_state_dict(state["scheduler"])"""),
             'Ask dcp.load for the keys save() wrote ("model", "optim", "sched")'),
         "the schedule left out": (Lab("fashion_elastic.py", RESUME, """
-            model_state, optim_state = get_state_dict(model, opt)
+            model_state, optim_state = get_state_dict(model, opt, options=FLAT)
             state = {"model": model_state, "optim": optim_state}
             dcp.load(state, checkpoint_id=path)
             set_state_dict(model, opt, model_state_dict=state["model"],
@@ -45,7 +54,7 @@ WRONG = {
             "the schedule starts again from its warm-up"),
         "the optimizer's state left out (its momentum starts from zero)": (
             Lab("fashion_elastic.py", RESUME, """
-            model_state, optim_state = get_state_dict(model, opt)
+            model_state, optim_state = get_state_dict(model, opt, options=FLAT)
             state = {"model": model_state, "sched": sched.state_dict()}
             dcp.load(state, checkpoint_id=path)
             set_state_dict(model, opt, model_state_dict=state["model"],
@@ -54,7 +63,7 @@ WRONG = {
             "something a step depends on was not restored"),
         "dcp.load alone: the tensors filled in place, set_state_dict left out": (
             Lab("fashion_elastic.py", RESUME, """
-            model_state, optim_state = get_state_dict(model, opt)
+            model_state, optim_state = get_state_dict(model, opt, options=FLAT)
             state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
             dcp.load(state, checkpoint_id=path)
             sched.load_state_dict(state["sched"])"""),

@@ -25,8 +25,12 @@ rank before that step in a run's first attempt: SIGKILL or an exception kill it 
 --max-restarts then restarts every rank from the last checkpoint); SIGTERM, the signal of a job
 cancelled or preempted, makes every rank stop after that step, saved, and exit 0. --async-save
 saves with dcp.async_save: the state is copied, a thread writes it while training goes on, and
-the next save waits for it (each save's `checkpoint` log record: how long training waited). Lines
-there because of this are marked `# DCP:`; DDP's, `# DDP:`.
+the next save waits for it (each save's `checkpoint` log record: how long training waited).
+--zero trains with ZeRO-1 (torch's ZeroRedundancyOptimizer, notebook 13): each rank keeps the
+momentum of its share of the parameters only, and each share is written once, by its owner; a run
+with or without --zero, on any number of ranks, resumes it, every rank reading the momentum of the
+parameters it owns now. Lines there because of this are marked `# DCP:`; ZeRO's, `# ZeRO:`;
+DDP's, `# DDP:`.
 """
 import argparse
 import os
@@ -43,7 +47,12 @@ import torch.distributed as dist
 
 # DCP: a checkpoint written by every rank, its keys the same whatever wraps the model
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_ddp.py beside this file
@@ -51,7 +60,10 @@ from dpcourse.lab import optim, options, preemption, training, world
 from dpcourse.lab.models import FashionCNN
 from fashion_ddp import REFERENCE_BATCH, Trainer, cleanup, load_data, setup
 
-FORMAT = 1  # DCP: the layout of this lab's checkpoints; one of another format is refused
+FORMAT = 2  # DCP: the layout of this lab's checkpoints; one of another format is refused
+# DCP: the optimizer's state and options (lr, momentum) by parameter name, not by group number:
+# a ZeRO rank offers its own parameters' alone, and the ranks' keys do not collide
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 # what a resume keeps (the world size may change)
 SAME = "model, global batch, seed and training images, on any number of ranks that divides it"
 
@@ -73,11 +85,20 @@ def fail_here(fail, rank, step):
     os.kill(os.getpid(), getattr(signal, fail.kind))
 
 
+def copy_lr(source, target):
+    """ZeRO: ZeroRedundancyOptimizer keeps two sets of parameter groups: its own, whose lr the
+    schedule sets, and its share's optimizer's, which a checkpoint holds; a step copies the first
+    onto the second. Between steps, copy_lr(source, target) does."""
+    for group, other in zip(source.param_groups, target.param_groups):
+        other["lr"] = group["lr"]
+
+
 class ElasticTrainer(Trainer):
     """fashion_ddp's Trainer, saving through DCP on every rank, with --fail's fault."""
 
-    def __init__(self, *lesson, fail, io_group=None, keep=2):
+    def __init__(self, *lesson, held, fail, io_group=None, keep=2):
         super().__init__(*lesson)
+        self.held = held  # DCP: the optimizer whose state this rank saves (ZeRO: its share's)
         self.fail, self.keep, self.finishing = fail, keep, False
         self.io_group, self.writing = io_group, None  # --async-save's group and its last write
         self.saved = self.progress["step"]  # the step of the last save: a resume's is its own
@@ -111,7 +132,10 @@ class ElasticTrainer(Trainer):
         # start, so no RNG state
         p.update(elapsed_s=self.log.elapsed(),
                  samples_in_epoch=p["step_in_epoch"] * self.batch * self.world_size)
-        model_state, optim_state = get_state_dict(self.model, self.opt)  # DCP: no module. prefix
+        if self.args.zero:  # ZeRO: its share's groups get the lr the schedule has just set
+            copy_lr(self.opt, self.held)
+        # DCP: no module. prefix
+        model_state, optim_state = get_state_dict(self.model, self.held, options=FLAT)
         state = {"format": FORMAT, "model": model_state, "optim": optim_state,
                  "sched": self.sched.state_dict(), "progress": dict(p), "config": self.config}
         path, started = f"{self.args.checkpoint_dir}/step-{p['step']:07d}", time.perf_counter()
@@ -172,8 +196,9 @@ def resume(path, model, opt, sched, config, progress, stop):
         stop(training.other_run(path, head["config"], config, SAME))
     progress = head["progress"]
     try:
-        ### BEGIN SOLUTION (hint: the model's and optimizer's state dicts from get_state_dict as the shapes to fill; dcp.load them with the schedule's under save()'s keys model, optim, sched; then set_state_dict and sched.load_state_dict)
-        model_state, optim_state = get_state_dict(model, opt)  # DCP: this run's shapes, to fill
+        ### BEGIN SOLUTION (hint: the model's and optimizer's state dicts from get_state_dict, with save()'s options=FLAT, as the shapes to fill; dcp.load them with the schedule's under save()'s keys model, optim, sched; then set_state_dict and sched.load_state_dict)
+        # DCP: this run's shapes, to fill, keyed as save() keyed them
+        model_state, optim_state = get_state_dict(model, opt, options=FLAT)
         state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
         dcp.load(state, checkpoint_id=path)  # DCP: every rank reads the pieces it needs
         set_state_dict(model, opt, model_state_dict=state["model"],  # DCP: whatever wraps them
@@ -209,8 +234,13 @@ def main(args):
     if not args.no_ddp:  # DDP: --no-ddp: one process, and its checkpoint is the same
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # DDP: the wrap
     lr = optim.scaled_lr(args.lr, global_batch, args.lr_scaling, REFERENCE_BATCH)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
-                          weight_decay=args.weight_decay)
+    sgd = {"lr": lr, "momentum": 0.9, "nesterov": True, "weight_decay": args.weight_decay}
+    if args.zero:  # ZeRO: each rank steps, and keeps the momentum of, its share of the parameters
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, **sgd)
+    else:
+        opt = torch.optim.SGD(model.parameters(), **sgd)
+    # DCP: the optimizer a checkpoint saves and loads: ZeRO's share on this rank, or the whole
+    held = opt.optim if args.zero else opt
     total = args.epochs * steps_per_epoch
     warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, optim.warmup_then_decay(total, warmup))
@@ -224,7 +254,9 @@ def main(args):
     # DCP: --resume auto: the newest complete checkpoint (a requeued job, a torchrun restart)
     checkpoint = newest[0] if args.resume == "auto" else args.resume
     if checkpoint:
-        progress = resume(checkpoint, model, opt, sched, config, progress, stop)
+        progress = resume(checkpoint, model, held, sched, config, progress, stop)
+        if args.zero:  # ZeRO: its own groups get the lr its share's were loaded with
+            copy_lr(held, opt)
     if done := training.finished(progress, args.epochs, args.max_steps):
         if rank == 0:  # DDP: one rank talks
             print(f"{checkpoint} is the checkpoint of a finished run (step {progress['step']}, "
@@ -254,7 +286,7 @@ def main(args):
                 if args.async_save else None)
     trainer = ElasticTrainer(args, device, model, opt, sched, data,
                              training.Run(progress, config, log, caught),
-                             fail=args.fail if first else None, io_group=io_group)
+                             held=held, fail=args.fail if first else None, io_group=io_group)
     reason = None  # why training stops early: a step limit, a target accuracy, a signal
     while progress["epoch"] < args.epochs and reason is None:
         reason = trainer.run_epoch(progress["epoch"])
@@ -273,6 +305,8 @@ def parse_args(argv=None):
     p.add_argument("--fail", type=options.fail_spec, default=None, metavar="RANK:STEP:KIND",
                    help="hit rank RANK before step STEP in a first attempt: KIND SIGKILL, "
                         "SIGTERM or exception")
+    p.add_argument("--zero", action="store_true",
+                   help="ZeRO-1 (ZeroRedundancyOptimizer): each rank keeps its share's momentum")
     p.add_argument("--async-save", action="store_true",
                    help="dcp.async_save: training goes on while a thread writes the checkpoint")
     return p.parse_args(argv)

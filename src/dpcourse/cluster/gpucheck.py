@@ -16,6 +16,10 @@ On the GPUs this process sees (one process per GPU, each launch through torchrun
     memory     labs/fsdp_fashion.py --memory ddp and fsdp: each rank's peak GPU memory
     clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a
                checkpoint saved from cuda:0 lands (the symptom needs 2 GPUs)
+    checkpoint FSDP2's shards saved through torch.distributed.checkpoint on every GPU and resumed
+               on one GPU fewer (FSDP2 re-cuts them; on 2 GPUs, one plain process joins them),
+               as labs/fashion_elastic.py saves: the weights 2 steps later are those of the run
+               never stopped; the save's and the load's time
 
 It prints one table and writes the figures as JSON (--json). Without a GPU it exits at once with
 status 2 and one line saying why, so that it cannot be mistaken for a pass. --cpu-rehearsal runs
@@ -102,7 +106,7 @@ class Checker:
         row = Result(name, ok, summary, round(time.perf_counter() - start, 1), figures,
                      self._commands)
         self.results.append(row)
-        print(f"{'ok' if ok else 'FAILED':6} {name:9} {summary} ({row.seconds:.0f} s)", flush=True)
+        print(f"{'ok' if ok else 'FAILED':6} {name:10} {summary} ({row.seconds:.0f} s)", flush=True)
 
 
 def _last(run: Run, event: str | None = None) -> dict:
@@ -254,8 +258,29 @@ def clinic(c: Checker):
             "fixed: each rank's on its own GPU"), {"bug_loaded_on": landed, "fixed": fixed["ranks"]}
 
 
+def checkpoint(c: Checker):
+    fewer = max(1, c.nproc - 1)
+    with tempfile.TemporaryDirectory(prefix="dpcourse-gpu-check-") as tmp:
+        common = ["--worker", "reshard", "--path", f"{tmp}/ck", "--backend", c.backend,
+                  "--device", c.device]
+        saved = _last(c.launch("gpucheck", *common, "--action", "save", "--wrap", "fsdp"),
+                      "reshard")
+        resumed = _last(c.launch("gpucheck", *common, "--action", "load",
+                                 "--wrap", "fsdp" if fewer > 1 else "plain", nproc=fewer),
+                        "reshard")
+    diff = max_weight_diff(saved, resumed)
+    figures = {"saved_on": c.nproc, "resumed_on": fewer, "max_abs_diff": diff,
+               "save_ms": saved["dcp_ms"], "load_ms": resumed["dcp_ms"]}
+    if not diff < 1e-9:  # float64: rounding alone is about 1e-16
+        raise CourseError(f"resumed on {fewer}, the weights 2 steps later are {diff:.2g} from "
+                          "those of the run never stopped")
+    whom = "one process" if fewer == 1 else f"FSDP2 on {fewer}"
+    return (f"FSDP2 saved on {c.on} ({saved['dcp_ms']:.0f} ms), resumed as {whom} "
+            f"({resumed['dcp_ms']:.0f} ms): max |Δweight| {diff:.1e}"), figures
+
+
 CHECKS = {"doctor": doctor, "nccl": nccl, "fashion": fashion, "resnet50": resnet50,
-          "memory": memory, "clinic": clinic}
+          "memory": memory, "clinic": clinic, "checkpoint": checkpoint}
 
 
 # -------------------------------------------------------------------------- the bandwidth worker
@@ -295,6 +320,101 @@ def busbw_worker(args) -> None:
     dist.destroy_process_group()
 
 
+RESHARD_BATCH = 840  # images a step: cut evenly between 1 to 8 ranks
+
+
+def max_weight_diff(a: dict, b: dict) -> float:
+    """The largest difference between two reshard records' weights."""
+    return max(abs(x - y) for k in a["weights"] for x, y in zip(a["weights"][k], b["weights"][k]))
+
+
+def reshard_worker(args) -> None:
+    """One rank of the checkpoint check (and of tests/test_elastic.py's): the course CNN with AdamW
+    in float64 under FSDP2's fully_shard (--wrap fsdp), DDP (ddp) or nothing (plain), trained on
+    the same global batches on any number of ranks. --action save: steps 1-3, saved to --path
+    through get_state_dict and DCP as labs/fashion_elastic.py saves, then steps 4-5; load: --path
+    loaded, then steps 4-5. Rank 0 logs the step-5 weights (gathered), the numbers of Adam's state
+    this rank holds (1/P of them under FSDP2) and the DCP call's time."""
+    import torch.distributed.checkpoint as dcp
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+        set_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dpcourse.lab.metrics import JsonLog
+    from dpcourse.lab.models import FashionCNN
+
+    env = world.prepare(args.backend, args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=120))
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)  # as the lab saves
+    torch.manual_seed(0)
+    model = FashionCNN(4, "group").to(env.device, torch.float64)
+    if args.wrap == "fsdp":
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        for layer in model.modules():
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif args.wrap == "ddp":
+        model = DDP(model, device_ids=[env.device] if env.device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(n):  # step n's global batch, the same on any world size; this rank's part of it
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(RESHARD_BATCH, 1, 28, 28, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 10, (RESHARD_BATCH,), generator=g)
+        mine = slice(env.rank * RESHARD_BATCH // env.world_size,
+                     (env.rank + 1) * RESHARD_BATCH // env.world_size)
+        opt.zero_grad()
+        F.cross_entropy(model(x[mine].to(env.device)), y[mine].to(env.device)).backward()
+        opt.step()
+
+    def timed(call):
+        if env.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        call()
+        seconds = torch.tensor([time.perf_counter() - start], device=env.device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's
+        return round(seconds.item() * 1e3, 2)
+
+    if args.action == "save":
+        for n in (1, 2, 3):
+            step(n)
+        model_state, optim_state = get_state_dict(model, opt, options=flat)
+        ms = timed(lambda: dcp.save({"model": model_state, "optim": optim_state},
+                                    checkpoint_id=args.path))
+    else:
+        model_state, optim_state = get_state_dict(model, opt, options=flat)
+        state = {"model": model_state, "optim": optim_state}
+        ms = timed(lambda: dcp.load(state, checkpoint_id=args.path))
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    held = sum(s.to_local().numel() if hasattr(s, "to_local") else s.numel()
+               for st in opt.state.values() for s in st.values() if torch.is_tensor(s) and s.dim())
+    for n in (4, 5):
+        step(n)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+    if env.rank == 0:
+        JsonLog(args.log_json).write(
+            "reshard", action=args.action, wrap=args.wrap, world_size=env.world_size,
+            backend=env.backend, held=held, dcp_ms=ms,
+            weights={k: v.flatten().tolist() for k, v in full.items()})
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------------------ the command
 def describe_node(rehearsal: bool) -> dict:
     gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -311,9 +431,9 @@ def table(node: dict, results: list[Result]) -> str:
                else "CPU REHEARSAL (gloo, tiny sizes: these figures say nothing about a GPU)")
             + f"; torch {node['torch']} (CUDA {node['cuda']})")
     width = max(len(r.summary) for r in results)
-    rows = [head, f"{'check':9}  {'result':{width}}  {'time':>6}",
-            f"{'-' * 9}  {'-' * width}  {'-' * 6}"]
-    rows += [f"{r.name:9}  {r.summary:{width}}  {r.seconds:>5.0f}s" for r in results]
+    rows = [head, f"{'check':10}  {'result':{width}}  {'time':>6}",
+            f"{'-' * 10}  {'-' * width}  {'-' * 6}"]
+    rows += [f"{r.name:10}  {r.summary:{width}}  {r.seconds:>5.0f}s" for r in results]
     return "\n".join(rows)
 
 
@@ -335,9 +455,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="nccl", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--log-json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--action", choices=["save", "load"], default="save", help=argparse.SUPPRESS)
+    p.add_argument("--wrap", choices=["fsdp", "ddp", "plain"], default="fsdp",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--path", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker == "busbw":
         busbw_worker(args)
+        return 0
+    if args.worker == "reshard":
+        reshard_worker(args)
         return 0
     unknown = set(args.only.split(",")) - set(CHECKS)
     if unknown:

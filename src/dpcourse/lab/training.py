@@ -13,6 +13,7 @@ collectives and say so in their names (``max_over_ranks``, ``broadcast_from_rank
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Callable, NamedTuple, NoReturn
 
@@ -114,6 +115,10 @@ def unreadable_dcp(path, err: BaseException | None = None) -> str:
     why = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     if why.startswith("Missing key in checkpoint state_dict"):  # asked for a key it does not hold
         key = why.rsplit(":", 1)[-1].strip(" .")
+        if re.match(r"optim\.param_groups\.\d+\.", key):  # the groups by number: not flattened
+            return (f"--resume {path} holds no {key}: it holds the optimizer's options by "
+                    "parameter name, not by group number. Call get_state_dict with the options "
+                    "save() passes (StateDictOptions(flatten_optimizer_state_dict=True)).")
         if key.startswith(("model.", "optim.")):  # the model's or the optimizer's, misnamed
             return (f"--resume {path} holds no {key}: it holds get_state_dict's keys (no module. "
                     "prefix, the optimizer's state by parameter name). Load into get_state_dict's "
