@@ -692,9 +692,11 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_i
         slurm, tmp_path):
     """cpu.sbatch on 2 nodes × 1 task with a real limit, --time=1 (Slurm counts in minutes), two
     jobs at once, side by side on both nodes: as written, with its warning brought to 1 s before the
-    limit (--signal=B:USR1@1 on the command line), and a copy without its #SBATCH --signal line. The
-    lab cannot end by itself in a first run (tests/helpers/open_ended_lab.py): only the limit ends
-    it, whenever Slurm enforces it, so the test asserts what happened, not when.
+    limit (--signal=B:USR1@1 on the command line), training fashion_elastic.py, whose checkpoints
+    are distributed (a part per rank, step-NNNNNNN/), and a copy without its #SBATCH --signal line,
+    training fashion_ddp.py (last.pt). The lab cannot end by itself in a first run
+    (tests/helpers/open_ended_lab.py): only the limit ends it, whenever Slurm enforces it, so the
+    test asserts what happened, not when.
     slurmctld looks at limits and warnings every 30 s (PERIODIC_TIMEOUT in its source; sbatch's
     manual only promises "up to 60 s" early) and sends a warning at the first look within 30 s of
     its lead, so the 1-s lead normally comes 30 to 60 s into a run, and the limit is enforced at a
@@ -715,13 +717,15 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_i
         if not line.startswith("#SBATCH --signal")))
     jobs, seen = {}, {}
     (tmp_path / "node").mkdir()
-    for name, script, options, open_runs, nice in (
-            ("warned", SLURM_DIR / "cpu.sbatch", ["--signal=B:USR1@1"], "1", "0"),
-            ("unwarned", unwarned, [], "1000", "5")):
+    for name, script, options, open_runs, nice, open_lab in (
+            ("warned", SLURM_DIR / "cpu.sbatch", ["--signal=B:USR1@1"], "1", "0",
+             "fashion_elastic.py"),
+            ("unwarned", unwarned, [], "1000", "5", "fashion_ddp.py")):
         submitted = slurm.run(["sbatch", "--parsable", "--time=1", "--ntasks-per-node=1", *options,
                                f"--output={slurm.tmp}/job-%j.out", str(script), *args],
                               env={"RUNS": str(tmp_path / name), "LAB": lab, "OPEN_RUNS": open_runs,
-                                   "NICE": nice, "TMPDIR": str(tmp_path / "node")})
+                                   "NICE": nice, "TMPDIR": str(tmp_path / "node"),
+                                   "OPEN_LAB": open_lab})
         assert submitted.returncode == 0, submitted.stdout
         jobs[name] = int(submitted.stdout.strip().split(";")[0])
     start = time.monotonic()
@@ -748,7 +752,9 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_i
     output = {name: slurm.output(job) for name, job in jobs.items()}
 
     assert ended["warned"] == ("COMPLETED", "0:0"), output["warned"] + slurm.logs()
-    runs_ = _split_runs(read_log(tmp_path / "warned" / "log.jsonl"))
+    # the lab's records; each save's `checkpoint` record (the last comes after `done`) left out
+    runs_ = _split_runs([r for r in read_log(tmp_path / "warned" / "log.jsonl")
+                         if r["event"] != "checkpoint"])
     assert len(runs_) >= 2, output["warned"]
     # each warning: saved where it stopped, resumed right there
     for before, after in zip(runs_, runs_[1:]):
@@ -756,6 +762,14 @@ def test_at_a_real_time_limit_a_warned_job_saves_requeues_finishes_an_unwarned_i
         assert stopped and stopped[-1]["stop"] == "signal", before[-3:]
         assert after[0]["step"] == stopped[-1]["step"], (before[-2:], after[:1])
     assert runs_[-1][-1]["event"] == "done" and runs_[-1][-1]["stop"] == "max_steps", runs_[-1][-3:]
+    # each run resumed from the distributed checkpoint of the step the warning stopped at, whose
+    # parts (one from each node's rank) rank 0 keeps with the next one
+    for after in runs_[1:]:
+        assert after[0]["checkpoint"] == str(tmp_path / "warned" / f"step-{after[0]['step']:07d}")
+    kept = sorted((tmp_path / "warned").glob("step-*"))
+    assert kept and all(sorted(p.name for p in folder.iterdir())
+                        == [".metadata", "__0_0.distcp", "__1_0.distcp"] for folder in kept)
+    assert not (tmp_path / "warned" / "last.pt").exists()
     assert runs_[-1][-1]["world_size"] == 2 and runs_[-1][-1]["step"] == runs_[1][0]["step"] + 10
     assert ("time-limit warning (SIGUSR1)" in output["warned"]
             and "DUE TO TIME LIMIT" not in output["warned"])

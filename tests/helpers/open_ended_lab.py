@@ -1,5 +1,5 @@
-"""solutions/labs/fashion_ddp.py as the requeue test runs it, under slurm/cpu.sbatch (LAB=this
-file).
+"""solutions/labs/fashion_ddp.py (or $OPEN_LAB, e.g. fashion_elastic.py, whose checkpoints are
+distributed) as the requeue tests run it, under slurm/cpu.sbatch (LAB=this file).
 
 A run cannot end by itself until the job has been requeued $OPEN_RUNS times (SLURM_RESTART_COUNT):
 only the test's requeue or signal stops it, whenever it comes, so the test waits for no clock. The
@@ -23,7 +23,8 @@ import torch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 PAUSE_S = 0.2
-LAB = Path(__file__).resolve().parents[2] / "solutions" / "labs" / "fashion_ddp.py"
+LAB = (Path(__file__).resolve().parents[2] / "solutions" / "labs"
+       / os.environ.get("OPEN_LAB", "fashion_ddp.py"))
 args = sys.argv[1:]
 if int(os.environ.get("SLURM_RESTART_COUNT", "0")) < int(os.environ["OPEN_RUNS"]):
     args += ["--epochs", "1000", "--max-steps", "100000000"]
@@ -36,12 +37,14 @@ if int(os.environ.get("SLURM_RESTART_COUNT", "0")) < int(os.environ["OPEN_RUNS"]
     torch.nn.modules.module.register_module_forward_pre_hook(pause)
 else:
     runs = Path(args[args.index("--checkpoint-dir") + 1])
-    # every rank reads the same last.pt here: none is written before training
+    # every rank reads the same checkpoint here: none is written before training
     finish = runs / "finish-at"
     if finish.exists():
         end = int(finish.read_text())
-    else:
+    elif (runs / "last.pt").exists():
         end = torch.load(runs / "last.pt", weights_only=True)["progress"]["step"] + 10
+    else:  # a distributed checkpoint: the newest complete step-NNNNNNN/ folder
+        end = int(sorted(runs.glob("step-*/.metadata"))[-1].parent.name[5:]) + 10
         if int(os.environ.get("SLURM_PROCID", "0")) == 0:
             (runs / "finish-at.tmp").write_text(str(end))
             (runs / "finish-at.tmp").rename(finish)
