@@ -33,11 +33,14 @@ def ok(result):
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory, fashion_root):
-    """2 ranks, stopped after step 13 of 20 (3 into epoch 1), checkpointed every 5 steps and at
-    the stop: (its checkpoint folder, the index log's prefix)."""
+    """2 ranks with ZeRO-1 (--zero: each holds the momentum of its share of the parameters),
+    stopped after step 13 of 20 (3 into epoch 1), checkpointed every 5 steps and at the stop: (its
+    checkpoint folder, the index log's prefix). The tests below resume it with and without --zero,
+    and compare it with a DDP run's checkpoint."""
     tmp = tmp_path_factory.mktemp("elastic")
-    ok(run(lab_cmd(2, COUNTED, *COMMON, "--checkpoint-dir", tmp / "ck", "--checkpoint-every", 5,
-                   "--max-steps", 13), env={"INDEX_LOG": str(tmp / "seen")}, timeout=300))
+    ok(run(lab_cmd(2, COUNTED, *COMMON, "--zero", "--checkpoint-dir", tmp / "ck",
+                   "--checkpoint-every", 5, "--max-steps", 13),
+           env={"INDEX_LOG": str(tmp / "seen")}, timeout=300))
     return tmp / "ck", tmp / "seen"
 
 
@@ -76,22 +79,27 @@ def test_every_rank_writes_its_part_and_a_complete_checkpoint_has_its_metadata(s
     plain = FashionCNN(4, "none").state_dict()
     keys = set(meta.state_dict_metadata)
     assert {k for k in keys if k.startswith("model.")} == {f"model.{k}" for k in plain}
-    assert {k for k in keys if k.startswith("optim.state.")} == \
-        {f"optim.state.{k}.momentum_buffer" for k in plain}
+    momentum = {f"optim.state.{k}.momentum_buffer" for k in plain}
+    # ZeRO-1's two shares together: every parameter's momentum, each written once, by its owner
+    assert {k for k in keys if k.startswith("optim.state.")} == momentum
+    writers = Counter(index.fqn for index in meta.storage_data if index.fqn in momentum)
+    assert set(writers.values()) == {1}, writers
 
 
 @pytest.mark.slow
 def test_a_resume_on_1_2_or_3_ranks_trains_the_same_batches_and_weights(stopped, never,
                                                                       tmp_path):
-    """From 2 ranks' step 13: on 2 ranks, bit for bit the weights of a run never stopped; on 1 and
-    3, the same batches (each image once an epoch, across the stop) and the weights within float64
-    rounding (the gradients are averaged in another order)."""
+    """From ZeRO-1's 2 ranks' step 13: on 2 ranks (DDP, without --zero), bit for bit the weights
+    of a run never stopped; on 1 (one process, without it) and on 3 (ZeRO-1, each rank owning other
+    parameters than the 2 did), the same batches (each image once an epoch, across the stop) and
+    the weights within float64 rounding (the gradients are averaged in another order)."""
     ck, seen = stopped
     resumed = {}
     for nproc in (1, 2, 3):
         out = tmp_path / f"r{nproc}.pt"
         env = {"INDEX_LOG": str(seen)} if nproc == 3 else None
-        result = ok(run(lab_cmd(nproc, COUNTED if nproc == 3 else LAB, *COMMON,
+        zero = ["--zero"] if nproc == 3 else []
+        result = ok(run(lab_cmd(nproc, COUNTED if nproc == 3 else LAB, *COMMON, *zero,
                                 "--resume", ck / "step-0000013", "--save-model", out),
                         env=env, timeout=300))
         assert (f"{nproc} × {G // nproc} = global batch {G}" in result.stdout
@@ -113,37 +121,6 @@ def test_a_resume_on_1_2_or_3_ranks_trains_the_same_batches_and_weights(stopped,
         assert sorted(count) == list(range(N)) and set(count.values()) == {1}, \
             (epoch, len(count), Counter(count.values()))
     assert len(list(seen.parent.glob(seen.name + ".*"))) == 3  # ranks 0-1, then 0-2
-
-
-@pytest.mark.slow
-def test_zero1_shares_are_saved_once_and_re_cut_for_any_world_size(stopped, never, tmp_path):
-    """--zero (ZeroRedundancyOptimizer): 2 ranks, each holding the momentum of its share of the
-    parameters, save every share once; 3 ranks with --zero, each owning other parameters, and one
-    process without it resume that checkpoint; 2 ranks with --zero resume the DDP run's. Each
-    ends with the weights of the run never stopped."""
-    zero = tmp_path / "zero"
-    ok(run(lab_cmd(2, LAB, *COMMON, "--zero", "--checkpoint-dir", zero, "--checkpoint-every", 5,
-                   "--max-steps", 13), timeout=300))
-    from torch.distributed.checkpoint import FileSystemReader
-
-    meta = FileSystemReader(str(zero / "step-0000013")).read_metadata()
-    from dpcourse.lab.models import FashionCNN
-
-    momentum = {f"optim.state.{k}.momentum_buffer" for k in FashionCNN(4, "none").state_dict()}
-    # the two shares together: every parameter's momentum, each written once, by its owner
-    assert {k for k in meta.state_dict_metadata if k.startswith("optim.state.")} == momentum
-    writers = Counter(i.fqn for i in meta.storage_data if i.fqn in momentum)
-    assert set(writers.values()) == {1}, writers
-    resumed = {}
-    for nproc, ck, flags in ((3, zero, ["--zero"]), (1, zero, []), (2, stopped[0], ["--zero"])):
-        out = tmp_path / f"r{nproc}.pt"
-        result = ok(run(lab_cmd(nproc, LAB, *COMMON, *flags, "--resume", ck / "step-0000013",
-                                "--save-model", out), timeout=300))
-        assert "resumed at step 13" in result.stdout, result.stdout
-        resumed[nproc] = max_diff(weights(out), never)
-    # 2 ranks: the same sums, the same update of each parameter by its owner; 1 and 3: the
-    # gradients averaged in another order (measured: 1.4e-15 on 1, 7.8e-16 on 3)
-    assert resumed[2] == 0.0 and resumed[1] < 1e-12 and resumed[3] < 1e-12, resumed
 
 
 @pytest.mark.slow
@@ -191,8 +168,9 @@ def format_of(checkpoint, tmp_path, number):
 @pytest.mark.slow
 def test_an_asynchronous_save_writes_the_checkpoint_a_blocking_one_writes(stopped, tmp_path):
     """--async-save: training goes on while a thread writes; the folders it leaves are complete
-    and hold, tensor for tensor, what the blocking saves of the same run hold; each save logs how
-    long training waited for it."""
+    and hold, tensor for tensor, what the blocking saves of the same run hold (those of ZeRO-1's
+    shares: the checkpoint does not depend on who held which momentum); each save logs how long
+    training waited for it."""
     ck, _ = stopped
     log = tmp_path / "log.jsonl"
     ok(run(lab_cmd(2, LAB, *COMMON, "--checkpoint-dir", tmp_path / "ck", "--checkpoint-every", 5,
@@ -336,9 +314,12 @@ def test_an_agent_that_leaves_is_a_smaller_world_that_resumes_and_finishes(tmp_p
     resumed_at = resumes[-1]["step"]
     assert resumes[-1]["checkpoint"].endswith(f"step-{resumed_at:07d}")
     assert "1 × 600 = global batch 600" in said and f"resumed at step {resumed_at}" in said
-    # the 2 ranks saved the step the one rank resumed
-    assert any(r["event"] == "checkpoint" and r["world_size"] == 2 and r["step"] == resumed_at
-               for r in records), records
+    # the 2 ranks, the only run before it, saved the step the one rank resumed. (Not asserted: that
+    # save's `checkpoint` record. Rank 0 writes .metadata inside dcp.save's last collective, and a
+    # rank whose peer died just then has a complete checkpoint but no record.)
+    before = records[:records.index(resumes[-1])]
+    assert resumed_at >= 2 and {r["world_size"] for r in before} == {2}, records
+    assert any(r["event"] == "train" and r["step"] >= resumed_at for r in before), records
     done = [r for r in records if r["event"] == "done"][-1]
     assert (done["step"], done["world_size"], done["stop"]) == (40, 1, "max_steps"), done
 

@@ -257,7 +257,8 @@ def with_answer(source: str, body: str, hint: str = "") -> str:
 # The solution's namespace before the last check run, per notebook: (index of that check,
 # namespace). Checks run in notebook order, so the next check of a notebook goes on from there
 # instead of running every cell from the top again (a notebook with three exercises ran its first
-# cells three times).
+# cells three times), and a check asked for again (its wrong answers after its positive control,
+# on the same worker: one group) starts from that very namespace.
 SOLVED: dict[str, tuple[int, dict]] = {}
 # The solution's namespace just before an exercise cell, per (notebook, index of the exercise cell):
 # a wrong answer written in that cell runs from there (the cell, the cells after it, the check)
@@ -296,8 +297,10 @@ def run_check(nb, check, exercise, answer=None, prefix=None, key=None, run_the_c
     there is one. Returns (error or None, the namespace before the check).
     """
     start = 0
+    # an earlier check's namespace, or this check's (the positive control's, then its wrong answers':
+    # a notebook whose cells launch runs ran them twice)
     if key is not None and answer is None and prefix is None \
-            and SOLVED.get(key, (check + 1,))[0] < check:
+            and SOLVED.get(key, (check + 1,))[0] <= check:
         start, prefix = SOLVED[key]
     # from the exercise cell on
     if isinstance(answer, str) and key is not None and (key, exercise) in BEFORE:
