@@ -297,8 +297,8 @@ def run_check(nb, check, exercise, answer=None, prefix=None, key=None, run_the_c
     there is one. Returns (error or None, the namespace before the check).
     """
     start = 0
-    # an earlier check's namespace, or this check's (the positive control's, then its wrong answers':
-    # a notebook whose cells launch runs ran them twice)
+    # an earlier check's namespace, or this check's (the positive control's, then its wrong
+    # answers': a notebook whose cells launch runs ran them twice)
     if key is not None and answer is None and prefix is None \
             and SOLVED.get(key, (check + 1,))[0] <= check:
         start, prefix = SOLVED[key]
