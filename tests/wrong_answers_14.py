@@ -35,6 +35,15 @@ WRONG = {
                            optim_state_dict=state["optim"])
             sched.load_state_dict(state["sched"])"""),
             "Call get_state_dict with the options save() passes"),
+        "get_state_dict's dicts put back with the plain module's and optimizer's load_state_dict": (
+            Lab("fashion_elastic.py", RESUME, """
+            model_state, optim_state = get_state_dict(model, opt, options=FLAT)
+            state = {"model": model_state, "optim": optim_state, "sched": sched.state_dict()}
+            dcp.load(state, checkpoint_id=path)
+            getattr(model, "module", model).load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            sched.load_state_dict(state["sched"])"""),
+            "model.load_state_dict and opt.load_state_dict expect their own layouts"),
         "the checkpoint's parts asked for under other keys (optimizer, scheduler)": (
             Lab("fashion_elastic.py", RESUME, """
             model_state, optim_state = get_state_dict(model, opt, options=FLAT)
