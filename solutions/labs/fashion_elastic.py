@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.optim import ZeroRedundancyOptimizer  # ZeRO: notebook 13's, torch's
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fashion_ddp.py beside this file
@@ -98,7 +98,7 @@ class ElasticTrainer(Trainer):
 
     def __init__(self, *lesson, held, fail, io_group=None, keep=2):
         super().__init__(*lesson)
-        self.held = held  # DCP: the optimizer whose state this rank saves (ZeRO: its share's)
+        self.held = held  # the optimizer whose state this rank saves (see main())
         self.fail, self.keep, self.finishing = fail, keep, False
         self.io_group, self.writing = io_group, None  # --async-save's group and its last write
         self.saved = self.progress["step"]  # the step of the last save: a resume's is its own
@@ -236,10 +236,13 @@ def main(args):
     lr = optim.scaled_lr(args.lr, global_batch, args.lr_scaling, REFERENCE_BATCH)
     sgd = {"lr": lr, "momentum": 0.9, "nesterov": True, "weight_decay": args.weight_decay}
     if args.zero:  # ZeRO: each rank steps, and keeps the momentum of, its share of the parameters
+        if (tensors := len(list(model.parameters()))) < world_size:  # a rank would own none
+            stop(f"--zero: {tensors} parameter tensors cannot be shared by {world_size} ranks; "
+                 f"train on at most {tensors} ranks, or without --zero.")
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, **sgd)
     else:
         opt = torch.optim.SGD(model.parameters(), **sgd)
-    # DCP: the optimizer a checkpoint saves and loads: ZeRO's share on this rank, or the whole
+    # ZeRO: the optimizer a checkpoint saves and loads: its share's on this rank, or the whole
     held = opt.optim if args.zero else opt
     total = args.epochs * steps_per_epoch
     warmup = max(1, round(args.warmup_epochs * steps_per_epoch))

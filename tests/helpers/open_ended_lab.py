@@ -45,9 +45,9 @@ else:
         end = torch.load(runs / "last.pt", weights_only=True)["progress"]["step"] + 10
     else:  # a distributed checkpoint: the newest complete step-NNNNNNN/ folder
         end = int(sorted(runs.glob("step-*/.metadata"))[-1].parent.name[5:]) + 10
-        if int(os.environ.get("SLURM_PROCID", "0")) == 0:
-            (runs / "finish-at.tmp").write_text(str(end))
-            (runs / "finish-at.tmp").rename(finish)
+    if not finish.exists() and int(os.environ.get("SLURM_PROCID", "0")) == 0:
+        (runs / "finish-at.tmp").write_text(str(end))
+        (runs / "finish-at.tmp").rename(finish)
     args += ["--max-steps", str(end)]
 sys.argv = [str(LAB), *args]
 runpy.run_path(str(LAB), run_name="__main__")

@@ -17,7 +17,7 @@ On the GPUs this process sees (one process per GPU, each launch through torchrun
     clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a
                checkpoint saved from cuda:0 lands (the symptom needs 2 GPUs)
     checkpoint FSDP2's shards saved through torch.distributed.checkpoint on every GPU and resumed
-               on one GPU fewer (FSDP2 re-cuts them; on 2 GPUs, one plain process joins them),
+               on one GPU fewer (FSDP2 re-cuts them; on 1 or 2 GPUs, one plain process joins them),
                as labs/fashion_elastic.py saves: the weights 2 steps later are those of the run
                never stopped; the save's and the load's time
 
@@ -324,7 +324,9 @@ RESHARD_BATCH = 840  # images a step: cut evenly between 1 to 8 ranks
 
 
 def max_weight_diff(a: dict, b: dict) -> float:
-    """The largest difference between two reshard records' weights."""
+    """The largest difference between two reshard records' weights (the same tensors)."""
+    if {k: len(v) for k, v in a["weights"].items()} != {k: len(v) for k, v in b["weights"].items()}:
+        raise CourseError("the two runs' weights are not the same tensors")
     return max(abs(x - y) for k in a["weights"] for x, y in zip(a["weights"][k], b["weights"][k]))
 
 

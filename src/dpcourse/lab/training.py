@@ -115,7 +115,7 @@ def unreadable_dcp(path, err: BaseException | None = None) -> str:
     why = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     if why.startswith("Missing key in checkpoint state_dict"):  # asked for a key it does not hold
         key = why.rsplit(":", 1)[-1].strip(" .")
-        if re.match(r"optim\.param_groups\.\d+\.", key):  # the groups by number: not flattened
+        if re.fullmatch(r"optim\.param_groups\.\d+\.[^.]+", key):  # by group number: not FLAT
             return (f"--resume {path} holds no {key}: it holds the optimizer's options by "
                     "parameter name, not by group number. Call get_state_dict with the options "
                     "save() passes (StateDictOptions(flatten_optimizer_state_dict=True)).")
