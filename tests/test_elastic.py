@@ -49,11 +49,20 @@ def weights(path):
 
 
 @pytest.fixture(scope="module")
-def never(tmp_path_factory, fashion_root):
-    """The weights of the same run, 2 ranks, never stopped."""
-    out = tmp_path_factory.mktemp("never") / "never.pt"
-    ok(run(lab_cmd(2, LAB, *COMMON, "--save-model", out), timeout=300))
-    return weights(out)
+def never_run(tmp_path_factory, fashion_root):
+    """The same run on 2 ranks, never stopped, saving asynchronously (--async-save) at step 10
+    (epoch 0's end) and at its end: (its folder, with ck/, log.jsonl and never.pt, its weights)."""
+    tmp = tmp_path_factory.mktemp("never")
+    ok(run(lab_cmd(2, LAB, *COMMON, "--checkpoint-dir", tmp / "ck", "--checkpoint-every", 10,
+                   "--async-save", "--log-json", tmp / "log.jsonl", "--save-model",
+                   tmp / "never.pt"), timeout=300))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def never(never_run):
+    """The weights of the run never stopped."""
+    return weights(never_run / "never.pt")
 
 
 def max_diff(a, b):
@@ -179,23 +188,22 @@ def format_of(checkpoint, tmp_path, number):
 
 
 @pytest.mark.slow
-def test_an_asynchronous_save_writes_the_checkpoint_a_blocking_one_writes(stopped, tmp_path):
+def test_an_asynchronous_save_writes_the_checkpoint_a_blocking_one_writes(stopped, never_run,
+                                                                          tmp_path):
     """--async-save: training goes on while a thread writes; the folders it leaves are complete
-    and hold, tensor for tensor, what the blocking saves of the same run hold (those of ZeRO-1's
-    shares: the checkpoint does not depend on who held which momentum); each save logs how long
-    training waited for it."""
+    and hold, tensor for tensor, what the blocking saves of ZeRO-1's run hold at the same step
+    (the checkpoint does not depend on who held which momentum); each save logs how long training
+    waited for it."""
     ck, _ = stopped
-    log = tmp_path / "log.jsonl"
-    ok(run(lab_cmd(2, LAB, *COMMON, "--checkpoint-dir", tmp_path / "ck", "--checkpoint-every", 5,
-                   "--max-steps", 13, "--async-save", "--log-json", log), timeout=300))
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-0000010",
-                                                                   "step-0000013"]
+    assert sorted(p.name for p in (never_run / "ck").iterdir()) == ["step-0000010",
+                                                                    "step-0000020"]
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     whole = {}
-    for name, folder in (("async", tmp_path / "ck"), ("blocking", ck)):
-        dcp_to_torch_save(folder / "step-0000013", tmp_path / f"{name}.pt")
+    for name, folder in (("async", never_run / "ck"), ("blocking", ck)):
+        dcp_to_torch_save(folder / "step-0000010", tmp_path / f"{name}.pt")
         whole[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
+    assert whole["async"]["progress"]["step"] == 10
     for part in ("model", "optim", "progress", "config", "format"):
         a, b = whole["async"][part], whole["blocking"][part]
         if part == "model":
@@ -210,9 +218,9 @@ def test_an_asynchronous_save_writes_the_checkpoint_a_blocking_one_writes(stoppe
             assert {**a, "elapsed_s": 0} == {**b, "elapsed_s": 0}
         else:
             assert a == b, part
-    saves = [json.loads(line) for line in log.read_text().splitlines()
+    saves = [json.loads(line) for line in (never_run / "log.jsonl").read_text().splitlines()
              if '"checkpoint"' in line]
-    assert [(r["step"], r["async_save"]) for r in saves] == [(5, True), (10, True), (13, True)]
+    assert [(r["step"], r["async_save"]) for r in saves] == [(10, True), (20, True)]
     assert all(r["blocked_ms"] >= 0 for r in saves)
 
 
@@ -228,13 +236,11 @@ def test_a_checkpoint_this_run_cannot_resume_is_one_line(stopped, tmp_path):
     foreign = tmp_path / "foreign"  # a distributed checkpoint of another program
     dcp.save({"model": {"w": torch.zeros(3)}, "step": 7}, checkpoint_id=foreign, no_dist=True)
     cases = [
-        (["--global-batch-size", 300], ck / "step-0000010",
-         "was written by another run: global_batch 600 (this run: 300). Resume with the same "
-         "model, global batch, seed and training images"),
-        (["--width", 8], ck / "step-0000010",
-         "was written by another run: width 4 (this run: 8)"),
-        (["--seed", 2], ck / "step-0000010", "seed 1 (this run: 2)"),
-        (["--train-images", 3000], ck / "step-0000010", "train_images 6000 (this run: 3000)"),
+        # each setting a resume must keep, changed at once: the message names every one
+        (["--global-batch-size", 300, "--width", 8, "--seed", 2, "--train-images", 3000],
+         ck / "step-0000010", "was written by another run: width 4 (this run: 8), global_batch "
+         "600 (this run: 300), seed 1 (this run: 2), train_images 6000 (this run: 3000). Resume "
+         "with the same model, global batch, seed and training images"),
         (["--checkpoint-dir", ck], None, f"--checkpoint-dir {ck} holds another run's "
          "checkpoints: --resume auto to go on from its newest"),
         (["--fail", "2:3:SIGKILL"], None, "there is no rank 2 among 1"),
