@@ -18,10 +18,6 @@ os.environ.setdefault("DPCOURSE_DATA", str(ROOT / "data"))
 from dpcourse.explore.launch import CPU_MALLOC  # noqa: E402 - it imports torch: after OMP_NUM_THREADS is set
 
 os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
-# The processes the tests start collect garbage less often while they import (tests/startup says
-# why): a test that sets PYTHONPATH itself goes without.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(ROOT / "tests" / "startup"), os.environ.get("PYTHONPATH")) if p)
 
 # "Within seconds": how long a test lets an error that must come at once take, from the launch to
 # the message. Alone, these runs take 2-8 s (Python, torch's import, a launcher); `make test`'s
