@@ -230,9 +230,18 @@ def test_fetch_from_a_shared_copy_to_node_local_disk(tmp_path, staged):
     """`fetch --from SHARED --data-root LOCAL`: what a Slurm job does once per node. The shared
     copy is the only source (no Debian package, no network), and a damaged one is refused."""
     local = tmp_path / "node-local"
-    done = run([sys.executable, "-m", "dpcourse.lab.data", "fetch", "--from", staged,
-                "--data-root", local], env=NO_SOURCES)
+    # `python -m dpcourse.lab.data fetch ...`, which then says whether it loaded torch: staging
+    # does not (every Slurm job stages; torch takes about a second to load)
+    as_m = ("import runpy, sys\n"
+            "sys.argv[0] = 'data'\n"
+            "try:\n"
+            "    runpy.run_module('dpcourse.lab.data', run_name='__main__', alter_sys=True)\n"
+            "finally:\n"
+            "    print('loaded torch:', 'torch' in sys.modules)\n")
+    done = run([sys.executable, "-c", as_m, "fetch", "--from", staged, "--data-root", local],
+               env=NO_SOURCES)
     assert done.returncode == 0 and "ready and verified" in done.stdout, done.stdout
+    assert "loaded torch: False" in done.stdout, done.stdout
     assert sorted(p.name for p in (local / "FashionMNIST" / "raw").iterdir()) == sorted(FILES)
     labels = staged / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
     labels.write_bytes(labels.read_bytes()[:100])

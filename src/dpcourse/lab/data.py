@@ -1,4 +1,4 @@
-"""FashionMNIST: found, verified, and held in memory.
+"""FashionMNIST: found, verified and staged, without torch (held in memory: fashion_tensors.py).
 
 Where the four IDX files come from, in this order:
 
@@ -39,16 +39,13 @@ import shutil
 import socket
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from dpcourse.lab.errors import CourseError
-from dpcourse.lab.paths import project_root
-from dpcourse.lab.world import rank0_first
+from dpcourse.lab.paths import own_folder, project_root
 
 # name -> (uncompressed size in bytes, official SHA-256 of the uncompressed file)
 FILES = {
@@ -248,79 +245,41 @@ def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool =
     """
     root = default_root(root)
     if source is not None:
-        from dpcourse.lab.images import own_folder
-
         own_folder(root)
     system_dir = Path(os.environ.get("DPCOURSE_SYSTEM_DATA", SYSTEM_DIR))
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
-    with rank0_first():
+    with _rank0_first():
         return _stage(root, system_dir, download, progress, Path(source) if source else None)
 
 
-def read_idx(path: str | os.PathLike) -> torch.Tensor:
-    """An IDX file (the MNIST format) as a uint8 tensor: images [N, 28, 28], labels [N]."""
-    data = Path(path).read_bytes()
-    magic = int.from_bytes(data[0:4], "big")
-    if magic >> 8 != 0x08:  # 0x08 = unsigned byte
-        raise CourseError(f"{path} is not a uint8 IDX file (magic {magic:#x}).")
-    ndim = magic & 0xFF
-    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if array.size != int(np.prod(shape)):
-        raise CourseError(f"{path} holds {array.size} values, its header says {shape}.")
-    return torch.from_numpy(array.copy()).reshape(shape)
+def _rank0_first():
+    """world.rank0_first where a process group can exist: only where torch.distributed is loaded.
+    Staging from the command line (``python -m dpcourse.lab.data fetch``, in every Slurm job)
+    loads neither."""
+    if "torch.distributed" in sys.modules:
+        from dpcourse.lab.world import rank0_first
+
+        return rank0_first()
+    return nullcontext()
 
 
-def load_fashion_mnist(root: str | os.PathLike | None = None, train: bool = True,
-                       download: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images uint8 [N, 28, 28], labels int64 [N]) of the training (60k) or test (10k) split."""
-    raw = ensure_fashion_mnist(root, download)
-    prefix = "train" if train else "t10k"
-    images = read_idx(raw / f"{prefix}-images-idx3-ubyte")
-    labels = read_idx(raw / f"{prefix}-labels-idx1-ubyte").long()
-    return images, labels
+# The tensors (dpcourse/lab/fashion_tensors.py) are loaded when first asked for, with torch:
+# `from dpcourse.lab.data import InMemoryFashionMNIST` works as before, and staging does not wait
+# for torch to load (about a second per job).
+_TENSORS = ("read_idx", "load_fashion_mnist", "InMemoryFashionMNIST", "torchvision_fashion_mnist")
 
 
-class InMemoryFashionMNIST(torch.utils.data.Dataset):
-    """The whole split as one uint8 tensor, on the CPU or the GPU.
+def __getattr__(name: str):
+    if name in _TENSORS:
+        from dpcourse.lab import fashion_tensors
 
-    Indexing with a tensor of indices returns a whole normalised batch in one operation, which
-    is what makes it fast: no per-sample Python, no worker processes::
-
-        ds = InMemoryFashionMNIST(train=True)
-        x, y = ds[torch.randperm(len(ds))[:256]]   # x: [256, 1, 28, 28] float, y: [256]
-    """
-
-    def __init__(self, root=None, train: bool = True, device: str | torch.device = "cpu",
-                 download: bool = True, first: int | None = None):
-        """``first``: keep only the split's first N images (a quick run; a sampler over this set
-        then draws from those N, in any loader that it feeds)."""
-        images, labels = load_fashion_mnist(root, train, download)
-        if first is not None:
-            if not 0 < first <= len(labels):
-                raise CourseError(f"the first {first:,} images: the "
-                                  f"{'training' if train else 'test'} set has {len(labels):,}; "
-                                  f"give a number from 1 to {len(labels):,}.")
-            images, labels = images[:first], labels[:first]
-        self.images = images.to(device)
-        self.labels = labels.to(device)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        x = self.images[index].float().div_(255).sub_(MEAN).div_(STD).unsqueeze(-3)
-        return x, self.labels[index]
+        return getattr(fashion_tensors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def torchvision_fashion_mnist(root=None, train: bool = True, download: bool = True):
-    """The classic per-sample path (PIL image → ToTensor → Normalize), for comparison."""
-    from torchvision import datasets, transforms
-
-    ensure_fashion_mnist(root, download)
-    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
-    return datasets.FashionMNIST(str(default_root(root)), train=train, transform=tf, download=False)
+def __dir__():
+    return sorted([*globals(), *_TENSORS])
 
 
 def main(argv: list[str] | None = None) -> int:

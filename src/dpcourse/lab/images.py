@@ -31,10 +31,8 @@ import json
 import math
 import multiprocessing
 import os
-import pwd
 import random
 import shutil
-import stat
 import sys
 import tarfile
 import warnings
@@ -45,6 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dpcourse.lab.errors import CourseError
+from dpcourse.lab.paths import own_folder
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet's, per RGB channel, pixels in [0, 1]
 STD = (0.229, 0.224, 0.225)
@@ -183,43 +182,6 @@ def layout(split_dir) -> str:
 
 
 # ------------------------------------------------------------------------ node-local staging
-def own_folder(path) -> Path:
-    """``path`` as a folder of this user's alone, for a node-local copy: made here (mode 0700, where
-    it is not there), or, where it is, a folder (not a link) that this user owns and no one else
-    can write to. Anything else raises. On a disk that every user shares (/tmp), a folder at a name
-    others can guess (a job's id) may be another user's, made beforehand so that the job reads
-    their files, or writes through their links."""
-    path = Path(path).expanduser()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.mkdir(mode=0o700)
-        return path
-    except FileExistsError:
-        pass
-    except OSError as err:
-        raise CourseError(f"cannot make {path} ({err.strerror}): choose a node-local folder you "
-                          "can write to.") from None
-    st = path.lstat()
-    why = ("a link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode)
-           else f"owned by {_user(st.st_uid)}" if st.st_uid != os.geteuid()
-           else f"others can write to it (mode {st.st_mode & 0o777:o})" if st.st_mode & 0o022
-           else None)
-    if why:
-        raise CourseError(
-            f"{path} is there already and is not yours alone ({why}): another user may have made "
-            "it, for this job to read their files or write through their links. Where it is not "
-            "there, the copy makes it itself (mode 0700); if it is yours, delete it, or choose "
-            "another folder (the course's jobs: export LOCAL_DATA=...).")
-    return path
-
-
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def stage(src, dest, progress: bool | None = None) -> Path:
     """Copy the data root ``src`` to ``dest`` (node-local disk) unless an identical copy is there.
 
