@@ -33,7 +33,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpcourse.lab.errors import CourseError
+# STUB and not_done live beside CourseError, without torch (make check reads them); the notebooks'
+# checks import them from here
+from dpcourse.lab.errors import STUB, CourseError, not_done  # noqa: F401
 from dpcourse.lab.metrics import read_log
 from dpcourse.lab.paths import project_root
 
@@ -409,24 +411,6 @@ def _relative(path) -> str:
         return os.path.relpath(path)
     except ValueError:
         return str(path)
-
-
-# what every exercise stub says (dpcourse.kit.course writes them)
-STUB = "Exercise: see the hint above"
-# A lab, a job script or a notebook cell that met a stub says so in one of these ways: Python's
-# traceback ("NotImplementedError: Exercise: see the hint above"), dpcourse.lab.explain's excepthook
-# on a rank in a process group ('File "labs/x.py", line N, in f: Exercise: see the hint above. This
-# exercise of the lab is not done yet ...'), a lab's own verdict
-# ("f: not done yet — NotImplementedError: Exercise: see the hint above"), a job script's echo, or
-# a cell's own NotImplementedError("Exercise: ...") (run_ok's below).
-_NOT_DONE = re.compile(rf"{re.escape(STUB)}|NotImplementedError: Exercise:")
-
-
-def not_done(said: str | list[str]) -> bool:
-    """Whether ``said`` (a text or its lines: a lab's output, a job's, an error's message) shows an
-    exercise that is not done yet. The one recognition of a stub: ``run_ok``, the notebooks' checks
-    and ``make check`` (dpcourse.kit.course) all ask it."""
-    return bool(_NOT_DONE.search(said if isinstance(said, str) else "\n".join(said)))
 
 
 def run_ok(run: Run) -> Run:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import nbformat
 
-from dpcourse.explore.launch import STUB, not_done
+from dpcourse.lab.errors import STUB, not_done
 from dpcourse.lab.paths import project_root
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
@@ -320,7 +320,7 @@ def _is_check(cell) -> bool:
 def _is_stub(error) -> bool:
     """Whether a cell's error says that it met an exercise not done yet: a stub's
     NotImplementedError, a check's NotImplementedError("Exercise: ..."), or an error that quotes a
-    lab's stub (launch.not_done)."""
+    lab's stub (errors.not_done)."""
     return not_done(f"{error['ename']}: {error['evalue']}")
 
 
