@@ -50,9 +50,9 @@ def launch(cmd, log, *args, timeout=240):
 
 @needs_horovod
 def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
-    """Half an epoch (117 of 234 steps), the same data, seed and settings, on 2 processes: the test
-    accuracies agree to 0.5 %."""
-    args = ["--epochs", "1", "--max-steps", "117", "--global-batch-size", "256",
+    """A quarter of an epoch (60 of 234 steps; 0.8409 for both, measured), the same data, seed and
+    settings, on 2 processes: the test accuracies agree to 0.5 %."""
+    args = ["--epochs", "1", "--max-steps", "60", "--global-batch-size", "256",
             "--lr-scaling", "linear"]
     hvd, hvd_log = launch([*HOROVODRUN_NB, "-np", "2", sys.executable, LAB],
                           tmp_path / "hvd.jsonl", *args)
@@ -62,10 +62,10 @@ def test_horovodrun_reaches_the_ddp_labs_accuracy(tmp_path):
     h, d = hvd_log[-1], ddp_log[-1]
     assert h["framework"] == "horovod" and h["world_size"] == d["world_size"] == 2
     assert h["test_images"] == 10_000 and h["replicas_max_diff"] == 0.0
-    assert h["step"] == d["step"] == 117 and h["peak_lr"] == d["peak_lr"] == 0.3
+    assert h["step"] == d["step"] == 60 and h["peak_lr"] == d["peak_lr"] == 0.3
     assert abs(h["test_accuracy"] - d["test_accuracy"]) <= 0.005, (h, d)
     assert h["test_accuracy"] > 0.8, h
-    print(f"117 steps, 2 processes: Horovod ({h['controller']}) {h['test_accuracy']:.4f} "
+    print(f"60 steps, 2 processes: Horovod ({h['controller']}) {h['test_accuracy']:.4f} "
           f"in {h['elapsed_s']:.1f} s, "
           f"DDP {d['test_accuracy']:.4f} in {d['elapsed_s']:.1f} s")
 
