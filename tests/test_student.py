@@ -437,8 +437,17 @@ def test_check_by_number_leaves_out_a_learners_copies(tmp_path):
                 tmp_path / "notebooks" / "01_exercises-Copy1.ipynb")
     check = [sys.executable, "-m", "dpcourse.kit.course", "check", str(tmp_path / "notebooks"),
              "--notebook"]
-    result = run([*check, "01"], timeout=120)
+    # `python -m dpcourse.kit.course check ... 01`, which then says whether it loaded torch: it
+    # runs the notebook in a kernel of its own, and needs none itself
+    as_m = ("import runpy, sys\n"
+            "sys.argv[0] = 'course'\n"
+            "try:\n"
+            "    runpy.run_module('dpcourse.kit.course', run_name='__main__', alter_sys=True)\n"
+            "finally:\n"
+            "    print('loaded torch:', 'torch' in sys.modules)\n")
+    result = run([sys.executable, "-c", as_m, *check[3:], "01"], timeout=120)
     assert "Not checked: 01_exercises-Copy1.ipynb" in result.stdout, result.stdout
+    assert "loaded torch: False" in result.stdout, result.stdout
     assert ("01_exercises.ipynb: exercise 1" in result.stdout
             and "Copy1.ipynb: no exercises" not in result.stdout)
     result = run([*check, "01_exercises-Copy1"], timeout=120)

@@ -67,13 +67,13 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
     """Run a notebook (``nb``, or the file at ``path``) top to bottom in the folder of ``path``;
     return (notebook, seconds, error or None).
 
-    Its kernel runs under test (``dpcourse.explore.widgets.UNDER_TEST`` set): nobody watches an
+    Its kernel runs under test (``dpcourse.explore.UNDER_TEST`` set): nobody watches an
     explorer's output area here, so an error in its drawing fails the cell instead of being shown
     there."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    from dpcourse.explore.widgets import UNDER_TEST
+    from dpcourse.explore import UNDER_TEST
 
     nb = nbformat.read(path, as_version=4) if nb is None else nb
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
