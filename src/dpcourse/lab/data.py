@@ -41,6 +41,7 @@ import sys
 import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
@@ -240,7 +241,7 @@ def ensure_fashion_mnist(root: str | os.PathLike | None = None, download: bool =
     node-local root, stage their own copy); a file lock keeps processes without a group from
     writing at the same time. ``source``: a data root whose verified copy is copied first (a
     shared folder, staged once to node-local disk); ``root`` must then be the user's own
-    (``images.own_folder``: made here with mode 0700, or theirs alone), as a node-local folder
+    (``paths.own_folder``: made here with mode 0700, or theirs alone), as a node-local folder
     with a name others can guess may be another user's.
     """
     root = default_root(root)
@@ -263,6 +264,14 @@ def _rank0_first():
         return rank0_first()
     return nullcontext()
 
+
+if TYPE_CHECKING:  # where an editor or a type checker finds them
+    from dpcourse.lab.fashion_tensors import (  # noqa: F401
+        InMemoryFashionMNIST,
+        load_fashion_mnist,
+        read_idx,
+        torchvision_fashion_mnist,
+    )
 
 # The tensors (dpcourse/lab/fashion_tensors.py) are loaded when first asked for, with torch:
 # `from dpcourse.lab.data import InMemoryFashionMNIST` works as before, and staging does not wait
