@@ -1,5 +1,5 @@
 """Plausible wrong answers to notebook 13's exercises: the memory formula (a notebook cell),
-ShardedOptimizer (labs/sharded_optimizer.py) and SumOverRanks (labs/beyond_dp.py);
+ShardedOptimizer (labs/sharded_optimizer.py), Gather.backward (labs/fsdp_by_hand.py) and SumOverRanks (labs/beyond_dp.py);
 tests/test_exercises.py checks that the notebook's checks reject each one."""
 from answers import Lab
 
@@ -13,6 +13,7 @@ FORMULA = """
 STEP = "step this rank's own optimizer"
 LOCAL = "build optimizer_cls"
 SUM = "the sum of every rank's partial output"
+PIECE = "rank r needs the average over the ranks of piece r"
 # Each lab answer is a 2-process run (about 4 s). Left out for time, rejected when last tried on the
 # same line as "no broadcast": every parameter broadcast from rank 0. Also left out: exercise 3's
 # partial outputs swapped with rank 1 - rank (isend/irecv), right on 2 ranks; the check's 3-rank run
@@ -52,6 +53,20 @@ WRONG = {
             "unexpected keyword argument 'momentum'"),
     },
     ("13_sharded_dp.ipynb", "exercise 3"): {
+        "the reduce-scatter's sum, never divided": (Lab("fsdp_by_hand.py", PIECE, """
+        piece = flat.new_empty(per_rank)
+        dist.reduce_scatter_single(piece, flat)"""),
+            "the gradient was summed over the ranks, not averaged"),
+        "this rank's piece of its own gradient, never reduced": (Lab("fsdp_by_hand.py", PIECE, """
+        rank = dist.get_rank()
+        piece = flat[rank * per_rank:(rank + 1) * per_rank].clone()"""),
+            "each rank must step the average over the ranks of its own piece"),
+        "the whole gradient all-reduced and returned whole": (Lab("fsdp_by_hand.py", PIECE, """
+        dist.all_reduce(flat)
+        piece = flat / world_size"""),
+            "it must return this rank's piece of the gradient (per_rank numbers)"),
+    },
+    ("13_sharded_dp.ipynb", "exercise 4"): {
         "the partial output returned as it is": (Lab("beyond_dp.py", SUM, "return partial"),
             "not the whole MLP's. Each rank's partial output is its hidden units' share"),
         "the mean of the partial outputs": (Lab("beyond_dp.py", SUM, """
