@@ -47,6 +47,7 @@ from dpcourse.lab.models import FashionCNN
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the labs beside this file
 from ddp_by_hand import BucketDDP, NaiveDDP, OverlapDDP
+from ddp_compile import CNN, GraphRecorder
 from fsdp_by_hand import shard_model, whole_weights
 from sharded_optimizer import ShardedOptimizer
 
@@ -127,12 +128,25 @@ def fsdp2(model, run, mesh_shape=None):
             for k, v in model.state_dict().items()}
 
 
+class NothingCompiled(Exception):
+    """torch.compile handed no graph to its backend: the row ran eager, and proved nothing."""
+
+
 def compiled(model, run, inner=False):
-    """torch.compile of the DDP model (its DDPOptimizer splits the graph at the buckets); the
-    mutant compiles the module inside DDP and calls that, so DDP's forward never runs."""
-    model = DDP(model)  # DDP: rank 0's weights, gradients averaged in backward
-    fast = torch.compile(model.module if inner else model, backend=run.compile_backend)
+    """torch.compile of the DDP model (DDPOptimizer cuts its graph at the buckets); the mutant
+    compiles the module inside DDP and calls that, so DDP's forward never runs. The model is
+    ddp_compile.py's CNN, FashionCNN with a forward of its own: behind DDP's forward, Dynamo
+    skips torch's own files, and FashionCNN's forward is nn.Sequential's, so nothing would be
+    compiled and the row would test eager DDP. The recorder makes sure something was."""
+    torch._dynamo.reset()  # each row compiles afresh
+    own = CNN().double()
+    own.load_state_dict(model.state_dict())  # this rank's first weights
+    model = DDP(own)  # DDP: rank 0's weights, gradients averaged in backward
+    recorder = GraphRecorder(run.compile_backend)
+    fast = torch.compile(model.module if inner else model, backend=recorder)
     run.train(fast, run.sgd(model.parameters()))
+    if not recorder.graphs:
+        raise NothingCompiled("torch.compile handed no graph to its backend: this was eager DDP")
     return model.module.state_dict()
 
 
@@ -248,7 +262,8 @@ def diagnose(state, refs, tolerance):
     dist.all_reduce(lowest, op=dist.ReduceOp.MIN)  # DDP: the replicas compared, element by element
     dist.all_reduce(highest, op=dist.ReduceOp.MAX)  # DDP: ... over every rank
     spread = (highest - lowest).max().nan_to_num(torch.inf)
-    found = torch.tensor([max_abs_diff(state, refs[name]) for name in ("one", "sum", "alone")])
+    found = torch.tensor([max_abs_diff(state, refs[name]) for name in ("one", "sum", "alone")],
+                         dtype=torch.float64)
     dist.all_reduce(found, op=dist.ReduceOp.MAX)  # DDP: the worst rank's, on every rank
     diff, as_sum, as_alone = found.tolist()
     if diff <= tolerance:
@@ -288,6 +303,8 @@ def matrix(args, env, strategies):
             diff, why = diagnose(state, refs, args.tolerance)
         except NotImplementedError as err:  # an exercise left in the learner's copy, every rank
             state, diff, why = None, None, f"not done yet — {err}"
+        except NothingCompiled as err:  # every rank compiles alike: every rank is here
+            state, diff, why = None, None, str(err)
         seconds = time.perf_counter() - start
         mutant = name.startswith("mutant")
         right = right and (why is not None) == (mutant and world_size > 1)  # 1 rank: all alike

@@ -8,7 +8,7 @@ that varies in its last bits (a rounding difference, a loss) is printed as what 
 The guard below executes notebooks again with torch's CPU kernels forced to their plain C++ versions
 (``ATEN_CPU_CAPABILITY=default`` instead of the machine's AVX2/AVX-512 ones) and another thread
 count than the reference run (make course's, or nbval's when build/ could not be reused), and
-asserts that every compared output is identical to the committed one. Executing all fifteen costs
+asserts that every compared output is identical to the committed one. Executing all sixteen costs
 more than the nbval run that tests/nbreuse.py saves, so each run takes one, in a rotation keyed by
 the commit that alternates between those whose compared outputs are computed in floating point
 (FLOAT) and the others, within GUARD_BUDGET_S of their measured guard times. ``DPCOURSE_GUARD=all``

@@ -1,6 +1,7 @@
 """Plausible wrong answers to notebook 13's exercises: the memory formula (a notebook cell),
-ShardedOptimizer (labs/sharded_optimizer.py), Gather.backward (labs/fsdp_by_hand.py) and SumOverRanks (labs/beyond_dp.py);
-tests/test_exercises.py checks that the notebook's checks reject each one."""
+ShardedOptimizer (labs/sharded_optimizer.py), Gather.backward (labs/fsdp_by_hand.py) and
+SumOverRanks (labs/beyond_dp.py); tests/test_exercises.py checks that the notebook's checks reject
+each one."""
 from answers import Lab
 
 FORMULA = """

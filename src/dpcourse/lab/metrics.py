@@ -73,6 +73,34 @@ def flight_recorder() -> dict:
     return json.loads(dump(includeCollectives=True, onlyActive=False))
 
 
+def write_flight_recorder(folder: str | os.PathLike, rank: int) -> Path:
+    """This rank's flight recorder, as PyTorch's reader reads it: the pickle of
+    ``_dump_fr_trace`` (its collectives with their sequence numbers, sizes and Python stacks),
+    written to ``folder/rank_<rank>``, the name ``python -m torch.distributed.flight_recorder.
+    fr_trace folder`` looks for. Gloo dumps nothing by itself on a timeout (only NCCL's watchdog
+    does), so a lab calls this in a ``finally`` around its collectives. No collective: it reads
+    this process's own recorder.
+
+    The one repair (torch 2.14.1): a gloo group files itself in the dump's ``pg_config`` under an
+    empty name, because it is built before it is named, while its entries name it (``'0'``); the
+    reader then stops at ``KeyError: ('0', 0)``. The default group is filed again under the name
+    its entries use. Drop the repair once the reader reads an unrepaired gloo dump."""
+    import pickle
+
+    from torch._C import _distributed_c10d as c10d
+
+    dump = pickle.loads(c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=True))
+    group = dist.group.WORLD
+    name = group.group_name
+    dump["pg_config"] = {name: {"name": name, "desc": group.group_desc,
+                                "ranks": str(dist.get_process_group_ranks(group))}}
+    path = Path(folder) / f"rank_{rank}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(dump, f)
+    return path
+
+
 class StepTimer:
     """Where a training step's time goes, and how many bytes it hands to collectives.
 
