@@ -122,3 +122,23 @@ def test_compile_without_a_graph_and_with_compiled_autograd(tmp_path, mode):
             assert r["graphs"] == 0, r
         else:
             assert r["graphs"] == 2 and r["graph_all_reduces"] == [0, 8], r
+
+
+@pytest.mark.parametrize("script, args, collectives", [
+    ("hang.py", ("--bug", "skip"), {"[rank0]": "ALLREDUCE (sequence number 7, shape [8])",
+                                    "[rank1]": "BARRIER (sequence number 7)"}),
+    ("bugs/shape_mismatch.py", (), {"[rank0]": "ALLGATHER (sequence number 2, shape [",
+                                    "[rank1]": "ALLGATHER (sequence number 2, shape ["})])
+def test_detail_names_the_mismatch_before_it_hangs_in_one_line_per_rank(script, args, collectives):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: the ranks' next collectives are compared before they run, and
+    each rank ends at once (no timeout: --timeout 120) with one line that says its own collective;
+    torch's message, with every rank's fingerprint and traceback, is DPCOURSE_TRACEBACK's."""
+    result = run(torchrun_cmd(2, LABS / script, *args, "--timeout", 120), timeout=100,
+                 env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert result.returncode != 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[rank")]
+    assert len(lines) == 2 and not [line for line in lines if "Traceback" in line], result.stdout
+    for line in lines:
+        tag = line.split(":")[0]
+        assert "the ranks called different collectives here" in line, line
+        assert f"this rank's is {collectives[tag]}" in line, line

@@ -37,6 +37,9 @@ SETUP_DIFFERS = {
                        "(gpu_roll_call)",
     "fashion_horovod.py": "Horovod's own set-up: hvd.init() instead of a process group, its fusion "
                           "threshold first",
+    "hang.py": "its runs end at a short --timeout (a hang, shown): the group is joined with a "
+               "minute for a late rank to arrive, then dist.set_timeout sets --timeout",
+    "uneven_inputs.py": "the same: a short --timeout for its hang, a minute to arrive first",
     "io_race.py": "a race for files: gloo on the CPU whatever the machine has, no options for "
                   "either",
 }

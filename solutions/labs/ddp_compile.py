@@ -37,6 +37,7 @@ weights on the same data. Times on a shared machine are noisy; the graphs are no
 (Activate the course's environment first: source .venv/bin/activate.)
 """
 import argparse
+import logging
 import os
 import shutil
 import statistics
@@ -57,6 +58,10 @@ from dpcourse.lab import world
 from dpcourse.lab.data import InMemoryFashionMNIST
 from dpcourse.lab.metrics import JsonLog
 from dpcourse.lab.models import FashionCNN
+
+# The DDP model's forward opens a profiler range (record_function), which Dynamo leaves out of
+# the graph with a warning on every rank, once per process: true, harmless, and not this lesson
+logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
 
 
 class CNN(FashionCNN):

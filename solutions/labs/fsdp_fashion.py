@@ -13,7 +13,7 @@ each step's loss under both and how far apart the final weights are; with --dete
 in fp32) they are equal, bit for bit, on 2 ranks. Then the verdict: ok, or WRONG and the run
 fails (exit 1 on every rank) where they are further apart than --tolerance.
 
-Memory mode (--memory ddp|zero1|fsdp): a wide MLP (--width, --layers) trained a few AdamW
+Memory mode (--memory ddp|zero1|fsdp|hand): a wide MLP (--width, --layers) trained a few AdamW
 steps under one strategy; every rank measures its peak memory (on a GPU the allocator's peak;
 on the CPU the process's peak resident memory) above what it held before the model was built,
 and counts the bytes of its model states (weights, gradients, optimizer state). zero1 is DDP
@@ -67,6 +67,9 @@ def cleanup():
 
 def wrap(model, strategy, env):
     """The model as ``strategy`` runs it: DDP replicates it, FSDP shards it layer by layer."""
+    if strategy == "hand":  # notebook 13's FSDP by hand, beside torch's (labs/fsdp_by_hand.py)
+        from fsdp_by_hand import shard_model  # imported here: its exercise cannot stop the others
+        return shard_model(model)  # FSDP: every weight in P pieces, whole only while it computes
     if strategy in ("ddp", "zero1"):
         # DDP: whole replicas
         return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
@@ -211,6 +214,9 @@ def memory(args, env):
             "optimizer": local_bytes(t for s in local.state.values() for t in s.values()
                                      if torch.is_tensor(t) and t.dim())}
     n = sum(p.numel() for p in params)  # an FSDP DTensor counts the whole parameter, not its shard
+    if args.memory == "hand":  # a hand-made shard is a plain tensor: count the whole weights
+        n = sum(shape.numel() for m in model.modules()
+                for shape in getattr(m, "shapes", {}).values())
     per_rank = [None] * world_size
     # DDP: to every rank
     dist.all_gather_object(per_rank, {"rank": rank, "peak_bytes": peak, **held})
@@ -243,7 +249,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--memory", choices=["ddp", "zero1", "fsdp"], default=None,
+    parser.add_argument("--memory", choices=["ddp", "zero1", "fsdp", "hand"], default=None,
                         help="measure one strategy's memory on the wide MLP instead of comparing")
     parser.add_argument("--steps", type=int, default=20,
                         help="training steps (memory mode: 3 is plenty)")

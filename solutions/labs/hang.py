@@ -27,6 +27,7 @@ root, or where ptrace is allowed), with py-spy (pip install py-spy): the launche
 """
 import argparse
 import os
+import signal
 import time
 from datetime import timedelta
 
@@ -45,8 +46,11 @@ def setup(args):
     env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    # The group's timeout also bounds the wait for the other ranks to arrive, so a short
+    # --timeout would fail a rank that starts late: a minute for that, then --timeout.
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
-                            timeout=timedelta(seconds=args.timeout))
+                            timeout=timedelta(seconds=max(args.timeout, 60)))
+    dist.set_timeout(timedelta(seconds=args.timeout))  # DDP: how long a collective may wait
     return env
 
 
@@ -87,6 +91,8 @@ def main(args):
     # DDP: PyTorch's flight recorder keeps this process's last 2,000 collectives (set before the
     # group exists; gloo records too)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    if args.trace_dir:  # torchrun's SIGTERM, once another rank has failed, must not cut the dump
+        signal.signal(signal.SIGTERM, lambda *_: None)  # DDP: this rank ends at its own timeout
     env = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     (x, y), test = line_data(args.seed, env.device)

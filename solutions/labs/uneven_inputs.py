@@ -57,8 +57,11 @@ def setup(args):
     env = world.prepare(backend=args.backend, device=args.device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # DDP: one GPU per process, cuda:LOCAL_RANK
+    # The group's timeout also bounds the wait for the other ranks to arrive, so a short
+    # --timeout would fail a rank that starts late: a minute for that, then --timeout.
     dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,  # DDP: join
-                            timeout=timedelta(seconds=args.timeout))
+                            timeout=timedelta(seconds=max(args.timeout, 60)))
+    dist.set_timeout(timedelta(seconds=args.timeout))  # DDP: how long a collective may wait
     return env
 
 

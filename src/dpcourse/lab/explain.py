@@ -2,9 +2,10 @@
 every rank.
 
 ``explain_errors()`` installs the excepthook: an unfinished exercise of a learner's lab (said once,
-by rank 0), a collective whose peer died, or one that waited its whole timeout (a hang, with where
-this rank waits). And at exit, what still holds a destroyed process group is let go, so that gloo's
-threads do not outlive the interpreter.
+by rank 0), a collective whose peer died, one that waited its whole timeout (a hang, with where
+this rank waits), or ranks that called different collectives, as TORCH_DISTRIBUTED_DEBUG=DETAIL
+finds before they hang. And at exit, what still holds a destroyed process group is let go, so that
+gloo's threads do not outlive the interpreter.
 """
 from __future__ import annotations
 
@@ -72,6 +73,15 @@ atexit.register(_release_destroyed_groups)
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "Socket Timeout", "Timed out waiting", "timed out", "NCCL communicator was aborted")
 
+# What TORCH_DISTRIBUTED_DEBUG=DETAIL raises on every rank when the ranks' next collectives differ
+# (op, shapes, dtypes), and each rank's fingerprint in it: its own first ("Rank 0 is running
+# collective: CollectiveFingerPrint(SequenceNumber=7, OpType=ALLREDUCE, TensorShape=[8], ...),
+# but Rank 1 is running ..."; torch 2.14 writes "SequenceNumber=7OpType=BARRIER" without shapes).
+# The other rank's fingerprint can be one of the check's own collectives: only this rank's is said.
+_MISMATCH = "Detected mismatch between collectives on ranks"
+_FINGERPRINT = re.compile(r"CollectiveFingerPrint\(SequenceNumber=(?P<seq>\d+),? ?"
+                          r"OpType=(?P<op>\w+)(?:, TensorShape=\[(?P<shape>[^\]]*)\])?")
+
 # set in the group's store by rank 0 once it has said the unfinished exercise
 _SAID = "dpcourse/exercise_said"
 
@@ -129,6 +139,18 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
         # once torch's hook around this one has written the line (atexit runs after it)
         if env_info().rank == 0:
             atexit.register(_tell_the_others)
+        return
+    if isinstance(err, RuntimeError) and _MISMATCH in text \
+            and not os.environ.get("DPCOURSE_TRACEBACK"):
+        collective, where = _waiting_in(tb)
+        own = _FINGERPRINT.search(text)  # this rank's own comes first in its message
+        mine = (f"{own['op']} (sequence number {own['seq']}"
+                + (f", shape [{own['shape']}])" if own["shape"] is not None else ")")
+                if own else "not named")
+        print(f"{collective} at {where}: the ranks called different collectives here, found before "
+              "it ran by TORCH_DISTRIBUTED_DEBUG=DETAIL (it compares each collective across the "
+              f"ranks first): this rank's is {mine}. Compare with the other ranks' lines; "
+              "DPCOURSE_TRACEBACK=1 shows this rank's traceback.", file=sys.stderr, flush=True)
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
