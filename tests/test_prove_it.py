@@ -61,7 +61,9 @@ def test_uneven_files_without_join_end_at_the_timeout_in_one_line_per_rank(tmp_p
     assert "after step 47 a rank is out of batches" in result.stdout, result.stdout
     said = [line for line in result.stdout.splitlines()
             if line.startswith(("[rank0]: ", "[rank1]: "))]
-    assert len(said) == 2 and any("waited its whole timeout" in line for line in said), said
+    # the rank that times out first ends the run; torchrun may stop the other before it speaks
+    assert 1 <= len(said) <= 2 and any("waited its whole timeout" in line for line in said), said
+    assert not [line for line in said if "Traceback" in line], said
 
 
 def test_padding_counts_repeated_test_images_on_3_ranks(tmp_path):
