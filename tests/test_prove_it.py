@@ -144,3 +144,35 @@ def test_detail_names_the_mismatch_before_it_hangs_in_one_line_per_rank(script, 
         tag = line.split(":")[0]
         assert "the ranks called different collectives here" in line, line
         assert f"this rank's is {collectives[tag]}" in line, line
+
+
+@pytest.mark.parametrize("args, env, said", [
+    # the head never called: one line per rank, with the names where TORCH_DISTRIBUTED_DEBUG asks
+    ((), {"TORCH_DISTRIBUTED_DEBUG": "INFO"},
+     "the parameters flipped.bias, flipped.weight got no gradient in the last backward"),
+    # the head every other step under static_graph: the set of unused parameters changes
+    (("--aux-every", 2, "--ddp", "static-graph"), {},
+     "the parameters used changed from one step to the next, which static_graph=True does not "
+     "allow: pass find_unused_parameters=True")])
+def test_unused_parameters_end_in_one_line_per_rank_that_says_what_to_do(args, env, said):
+    """DDP's "Expected to have finished reduction in the prior iteration", raised at the next
+    forward on every rank, is one line per rank naming the line of the lab and the way out."""
+    result = run(torchrun_cmd(2, LABS / "unused_parameters.py", *args), timeout=120, env=env)
+    assert result.returncode != 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[rank")]
+    assert len(lines) == 2 and not [line for line in lines if "Traceback" in line], result.stdout
+    for line in lines:
+        assert "DDP's forward at unused_parameters.py:" in line and "(step)" in line, line
+        assert said in line, line
+
+
+def test_find_unused_parameters_trains_with_the_head_in_some_steps_only(tmp_path):
+    """What static_graph refuses, find_unused_parameters allows: the head every other step, six
+    steps, and the replicas' losses finite."""
+    log = tmp_path / "log.jsonl"
+    result = run(torchrun_cmd(2, LABS / "unused_parameters.py", "--aux-every", 2, "--ddp",
+                              "find-unused", "--log-json", log), timeout=120)
+    assert result.returncode == 0, result.stdout
+    done = records(log)[-1]
+    assert done["event"] == "done" and done["steps"] == 6 and done["aux_every"] == 2, done
+    assert done["loss"] == done["loss"] and abs(done["loss"]) < 100, done  # finite, not NaN

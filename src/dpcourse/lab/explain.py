@@ -3,9 +3,9 @@ every rank.
 
 ``explain_errors()`` installs the excepthook: an unfinished exercise of a learner's lab (said once,
 by rank 0), a collective whose peer died, one that waited its whole timeout (a hang, with where
-this rank waits), or ranks that called different collectives, as TORCH_DISTRIBUTED_DEBUG=DETAIL
-finds before they hang. And at exit, what still holds a destroyed process group is let go, so that
-gloo's threads do not outlive the interpreter.
+this rank waits), ranks that called different collectives, as TORCH_DISTRIBUTED_DEBUG=DETAIL
+finds before they hang, or DDP's parameters that got no gradient. And at exit, what still holds a
+destroyed process group is let go, so that gloo's threads do not outlive the interpreter.
 """
 from __future__ import annotations
 
@@ -82,6 +82,14 @@ _MISMATCH = "Detected mismatch between collectives on ranks"
 _FINGERPRINT = re.compile(r"CollectiveFingerPrint\(SequenceNumber=(?P<seq>\d+),? ?"
                           r"OpType=(?P<op>\w+)(?:, TensorShape=\[(?P<shape>[^\]]*)\])?")
 
+# What DDP raises at the next forward when the last backward left parameters without a gradient
+# (with TORCH_DISTRIBUTED_DEBUG=INFO or DETAIL their names too), and with static_graph=True when
+# the set of parameters used has changed.
+_UNUSED = "Expected to have finished reduction in the prior iteration"
+_UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: (?P<names>[^\n]*)")
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: "
+                             r"(?P<indices>[\d ]*)")
+
 # set in the group's store by rank 0 once it has said the unfinished exercise
 _SAID = "dpcourse/exercise_said"
 
@@ -151,6 +159,27 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
               "it ran by TORCH_DISTRIBUTED_DEBUG=DETAIL (it compares each collective across the "
               f"ranks first): this rank's is {mine}. Compare with the other ranks' lines; "
               "DPCOURSE_TRACEBACK=1 shows this rank's traceback.", file=sys.stderr, flush=True)
+        return
+    if isinstance(err, RuntimeError) and _UNUSED in text \
+            and not os.environ.get("DPCOURSE_TRACEBACK"):
+        _, where = _waiting_in(tb)
+        names, indices = _UNUSED_NAMES.search(text), _UNUSED_INDICES.search(text)
+        which = (f"{names['names'].strip()} " if names else
+                 f"number {', '.join(indices['indices'].split())} of model.parameters() "
+                 if indices else "")
+        if "graph has changed" in text:
+            print(f"DDP's forward at {where}: the parameters used changed from one step to the "
+                  "next, which static_graph=True does not allow: pass find_unused_parameters=True "
+                  "instead (DDP then looks for unused parameters after every forward). "
+                  "DPCOURSE_TRACEBACK=1 shows this rank's traceback.", file=sys.stderr, flush=True)
+        else:
+            print(f"DDP's forward at {where}: the parameters {which}got no gradient in the last "
+                  "backward on this rank, and DDP waits for every gradient of a bucket before it "
+                  "sends it. Take what forward does not use out of the model (or out of DDP), or "
+                  "pass DistributedDataParallel(..., find_unused_parameters=True) (a walk over "
+                  "the autograd graph every step), or static_graph=True where the same parameters "
+                  "go unused in every step. TORCH_DISTRIBUTED_DEBUG=INFO names the parameters; "
+                  "DPCOURSE_TRACEBACK=1 shows this rank's traceback.", file=sys.stderr, flush=True)
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
