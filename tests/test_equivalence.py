@@ -84,6 +84,22 @@ def test_the_learners_copy_says_which_rows_wait_for_an_exercise(tmp_path, fashio
         assert rows[name]["why"].startswith("not done yet — Exercise"), rows[name]
 
 
+def test_a_mutant_that_did_not_run_is_not_counted_as_caught(tmp_path, fashion_root):
+    """The learner's copy: the summing mutant is built on NaiveDDP, an exercise of notebook 05. Not
+    done, the mutant never ran, so it was not caught either: the run fails, though DDP's row is
+    right and the mutant's row is not "ok"."""
+    log = tmp_path / "matrix.jsonl"
+    result = run(torchrun_cmd(2, ROOT / "labs" / "equivalence.py", "--mutants", "--only",
+                              "DistributedDataParallel,a sum", "--data-root", fashion_root,
+                              "--log-json", log), timeout=180)
+    rows = {r["strategy"]: r for r in cells(log)}
+    assert set(rows) == {"DistributedDataParallel", "mutant: a sum, not a mean"}, rows
+    assert rows["DistributedDataParallel"]["ok"], rows
+    mutant = rows["mutant: a sum, not a mean"]
+    assert mutant["max_abs_diff"] is None and mutant["why"].startswith("not done yet"), mutant
+    assert result.returncode != 0, result.stdout
+
+
 def test_fsdp_by_hand_on_3_ranks_pads_its_shards_and_matches_fsdp2(tmp_path, fashion_root):
     """Three ranks: GroupNorm's 16 weights do not split in three, so every piece is padded. The
     hand-made FSDP ends on the one process's weights and on FSDP2's, rank 0 holds a third of the

@@ -307,7 +307,9 @@ def matrix(args, env, strategies):
             state, diff, why = None, None, str(err)
         seconds = time.perf_counter() - start
         mutant = name.startswith("mutant")
-        right = right and (why is not None) == (mutant and world_size > 1)  # 1 rank: all alike
+        # a row not compared (an exercise not done, nothing compiled) is never right, a mutant's
+        # neither: it was not caught, it did not run; on 1 rank the mutants end alike too
+        right = right and state is not None and (why is not None) == (mutant and world_size > 1)
         rows.append((name, diff, seconds, why))
         log.write("cell", strategy=name, mutant=mutant, max_abs_diff=diff,
                   seconds=round(seconds, 3), ok=why is None, why=why)
