@@ -135,7 +135,9 @@ if __name__ == "__main__":
     parser.add_argument("--timeout", type=float, default=5, help="seconds a collective may wait")
     parser.add_argument("--trace-dir", default=None,
                         help="every rank writes its flight recorder here, as rank_<N>")
-    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "mpi"])
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    # gloo on the CPU unless asked: the recorder and the timeouts as notebook 15 shows them, on a
+    # GPU node too (NCCL's watchdog times out and dumps in its own way)
+    parser.add_argument("--backend", default="gloo", choices=["auto", "gloo", "nccl", "mpi"])
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--log-json", default=None, help="rank 0 writes JSON lines here")
     main(parser.parse_args())

@@ -176,3 +176,21 @@ def test_find_unused_parameters_trains_with_the_head_in_some_steps_only(tmp_path
     done = records(log)[-1]
     assert done["event"] == "done" and done["steps"] == 6 and done["aux_every"] == 2, done
     assert done["loss"] == done["loss"] and abs(done["loss"]) < 100, done  # finite, not NaN
+
+
+def test_a_refused_ptrace_is_said_at_the_first_look_not_as_a_run_that_did_not_hang(tmp_path,
+                                                                                 monkeypatch):
+    """Where the kernel refuses py-spy ptrace (a non-root learner, kernel.yama.ptrace_scope=1),
+    stacks_while_hung says so with what to do, and stops the run: it does not look again until its
+    patience runs out and then blame the lab for not hanging."""
+    from dpcourse.explore import hangs
+
+    fake = tmp_path / "py-spy"  # what py-spy prints, exit 1, when the kernel refuses it
+    fake.write_text("#!/bin/sh\necho \"Permission Denied: Try running again with elevated "
+                    "permissions by going 'sudo env \\\"PATH=\\$PATH\\\" !!'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(hangs, "py_spy", lambda: str(fake))
+    script = LABS / "hang.py"
+    with pytest.raises(hangs.PtraceRefused, match="It needs ptrace: run as root"):
+        hangs.stacks_while_hung(script, "--bug", "skip", "--timeout", "60", patience=50)
+    assert hangs.workers(script) == {}, "the workers outlived the refusal"

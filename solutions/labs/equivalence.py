@@ -280,7 +280,7 @@ def diagnose(state, refs, tolerance):
     return diff, f"the weights differ from one process's by up to {diff:.1g}"
 
 
-def matrix(args, env, strategies):
+def matrix(args, strategies):
     """Every strategy on this world size: one row each, logged; True when every verdict is right."""
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     G = args.global_batch_size
@@ -347,11 +347,11 @@ def cleanup():
 
 
 def main(args):
-    env = setup(args)
+    setup(args)
     chosen = {**STRATEGIES, **(MUTANTS if args.mutants else {})}
     if args.only:
         chosen = {k: v for k, v in chosen.items() if any(w in k for w in args.only.split(","))}
-    right = matrix(args, env, chosen)
+    right = matrix(args, chosen)
     cleanup()
     if not right:
         raise SystemExit(1)  # DDP: every rank knows the verdicts, so every rank exits non-zero

@@ -169,7 +169,7 @@ def max_diff(a, b):
     return torch.stack(diffs).max().nan_to_num(torch.inf).item()
 
 
-def why_off(state, one, data, args, wrong):
+def why_off(state, one, args, wrong):
     """The reason the hand-made weights ended elsewhere, from what they match instead."""
     if max_diff(state, wrong["sum"]) <= args.tolerance:
         return ("its weights are those of a step P times too large: the gradient was summed over "
@@ -180,7 +180,7 @@ def why_off(state, one, data, args, wrong):
             "the ranks of its own piece of each gradient (piece r of reduce_scatter_single)")
 
 
-def check(args, env):
+def check(args):
     rank, world_size = dist.get_rank(), dist.get_world_size()  # FSDP: who am I, how many are we?
     first = args.steps * args.global_batch_size  # the images the steps use
     data = InMemoryFashionMNIST(args.data_root, train=True, first=first)
@@ -199,7 +199,7 @@ def check(args, env):
                           max_diff(state, fsdp_state)], dtype=torch.float64)
     dist.all_reduce(diffs, op=dist.ReduceOp.MAX)  # FSDP: the worst rank's, on every rank
     ok = diffs[0].item() <= args.tolerance
-    why = None if ok else why_off(state, one, data, args, wrong)
+    why = None if ok else why_off(state, one, args, wrong)
     mixed = args.compute_dtype and mixed_precision(fresh, data, args, rank, world_size, one)
     total = sum(v.numel() for v in one.values())
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # FSDP: rank 0 logs
@@ -264,8 +264,8 @@ def cleanup():
 
 
 def main(args):
-    env = setup(args)
-    ok = check(args, env)
+    setup(args)
+    ok = check(args)
     cleanup()
     if not ok:
         raise SystemExit(1)  # every rank knows the verdict, so every rank exits non-zero

@@ -31,9 +31,10 @@ example trained), the test accuracy on 10,000 images (split as the mode splits i
 pads them too, as the clinic's padded_eval.py does) and the largest weight difference between
 the replicas. The loss is summed on each rank and gathered once, after the loop. A collective
 in every step is another matter: --sync-loss plain all-reduces the loss at each step, which Join
-does not know of, so a rank that has joined answers it with another collective (gloo aborts:
-"Received data size doesn't match expected size"); --sync-loss joinable makes it a Joinable of its
-own (MeanLoss). Lines there because of distribution: `# DDP:`.
+does not know of, so a rank that has joined answers it with one of Join's own collectives. The
+ranks' collectives no longer pair up, and the run ends at --timeout, or at once where gloo sees
+sizes that differ ("Received data size doesn't match expected size"). --sync-loss joinable makes
+it a Joinable of its own (MeanLoss). Lines there because of distribution: `# DDP:`.
 """
 import argparse
 import time

@@ -52,15 +52,26 @@ def py_spy() -> str:
     return found
 
 
+class PtraceRefused(CourseError):
+    """The kernel did not let py-spy read the process: no look at any rank will do better."""
+
+
+# what py-spy says when the kernel refuses it ptrace ("Permission Denied: Try running again with
+# elevated permissions ..."; "Operation not permitted (os error 1)")
+_REFUSED = ("permission denied", "operation not permitted")
+
+
 def dump(pid: int, as_json: bool = False) -> str:
-    """``py-spy dump --pid PID`` (``--json``: its threads and frames as JSON)."""
+    """``py-spy dump --pid PID`` (``--json``: its threads and frames as JSON). A process py-spy
+    cannot read raises CourseError; one the kernel will not let it read, PtraceRefused."""
     cmd = [py_spy(), "dump", "--pid", str(pid)] + (["--json"] if as_json else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         said = (out.stderr.strip() or out.stdout.strip() or "no output").splitlines()[-1]
-        raise CourseError(f"py-spy could not read process {pid}: {said}. It needs ptrace: run as "
-                          "root, or allow it (kernel.yama.ptrace_scope=0; a container's "
-                          "--cap-add SYS_PTRACE).")
+        refused = any(words in said.lower() for words in _REFUSED)
+        raise (PtraceRefused if refused else CourseError)(
+            f"py-spy could not read process {pid}: {said[:200]}. It needs ptrace: run as root, "
+            "or allow it (kernel.yama.ptrace_scope=0; a container's --cap-add SYS_PTRACE).")
     return out.stdout
 
 
@@ -113,7 +124,8 @@ def stacks_while_hung(script: str | os.PathLike, *args: str, nproc: int = 2,
     """Launch ``torchrun ... script *args``; once every rank has waited in the same collective at
     two looks half a second apart, keep each rank's py-spy dump, stop the workers (SIGTERM) and
     return them. Give the lab a timeout longer than ``patience``. A run that ends, or does not hang
-    within ``patience`` seconds, raises CourseError."""
+    within ``patience`` seconds, raises CourseError; py-spy refused ptrace, PtraceRefused at the
+    first look."""
     launched: dict = {}
 
     def launch():
@@ -141,6 +153,8 @@ def stacks_while_hung(script: str | os.PathLike, *args: str, nproc: int = 2,
             for rank, pid in pids.items():
                 try:
                     now[rank] = waiting_at(json.loads(dump(pid, as_json=True)))
+                except PtraceRefused:
+                    raise  # said at once: looking again will not help
                 except (CourseError, ValueError, KeyError):  # not yet Python, or gone
                     now[rank] = None
             if None not in now.values() and now == before:

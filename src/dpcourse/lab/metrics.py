@@ -84,16 +84,19 @@ def write_flight_recorder(folder: str | os.PathLike, rank: int) -> Path:
     The one repair (torch 2.14.1): a gloo group files itself in the dump's ``pg_config`` under an
     empty name, because it is built before it is named, while its entries name it (``'0'``); the
     reader then stops at ``KeyError: ('0', 0)``. The default group is filed again under the name
-    its entries use. Drop the repair once the reader reads an unrepaired gloo dump."""
+    its entries use, where it is missing; the other groups' entries stay as they are. Drop the
+    repair once the reader reads an unrepaired gloo dump."""
     import pickle
 
     from torch._C import _distributed_c10d as c10d
 
     dump = pickle.loads(c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=True))
     group = dist.group.WORLD
-    name = group.group_name
-    dump["pg_config"] = {name: {"name": name, "desc": group.group_desc,
-                                "ranks": str(dist.get_process_group_ranks(group))}}
+    name, configs = group.group_name, dump.setdefault("pg_config", {})
+    if name not in configs:  # the repair; every other group's entry is kept as it is
+        unnamed = configs.pop("", None) or {"desc": group.group_desc,
+                                            "ranks": str(dist.get_process_group_ranks(group))}
+        configs[name] = {**unnamed, "name": name}
     path = Path(folder) / f"rank_{rank}"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
