@@ -233,15 +233,15 @@ def test_hello_as_plain_python():
     assert "hello from rank 0 of 1" in result.stdout
 
 
-def _start_ranks(world, launcher_env, extra=None):
-    """Start `world` plain python processes with srun- or mpirun-style variables, as those
-    launchers would."""
+def _start_ranks(world, launcher_env, extra=None, script=HELLO, args=()):
+    """Start `world` plain python processes (``script``, default hello.py) with srun- or
+    mpirun-style variables, as those launchers would."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = {**launcher_env(rank, world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                **(extra or {})}
-        procs.append(subprocess.Popen([sys.executable, str(HELLO)], cwd=ROOT, text=True,
+        procs.append(subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, text=True,
                                       env={**os.environ, **env},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return [(p.wait(timeout=60), p.stdout.read()) for p in procs]
@@ -290,6 +290,26 @@ def test_port_in_use_gives_one_clear_message():
     assert f"Port {port}" in result.stdout and "already in use" in result.stdout \
         and "MASTER_PORT" in result.stdout
     assert "Traceback" not in result.stdout
+
+
+@pytest.mark.parametrize("kind, tracebacks", [("same", 1), ("own", 2)])
+def test_an_error_every_rank_meets_alike_is_one_traceback_and_a_line_per_other_rank(kind,
+                                                                                 tracebacks):
+    """A wrong answer that raises on every rank: rank 0's traceback, then each other rank's one
+    line saying it met the same (rank 0 comes to it 1 s late, as on a loaded machine). Errors that
+    differ are every rank's own traceback. Plain processes, srun's variables: no launcher stops
+    the other ranks once rank 0 has failed."""
+    ranks = _start_ranks(2, slurm_vars, script=ROOT / "tests/helpers/same_error.py",
+                         args=[kind, "1"])
+    assert [code for code, _ in ranks] == [1, 1], ranks
+    (_, out0), (_, out1) = ranks
+    assert out0.count("Traceback (most recent call last)") == 1, out0
+    assert out1.count("Traceback (most recent call last)") == tracebacks - 1, out1
+    if kind == "same":
+        assert "the same error as rank 0, at same_error.py:14 (<module>): ValueError: shapes [8] " \
+            "and [4] differ (rank 0's traceback is above" in out1, out1
+    else:
+        assert "ValueError: rank 1 has its own problem" in out1, out1
 
 
 def test_an_unfinished_exercise_is_said_once_by_rank0_even_when_rank0_comes_to_it_last():

@@ -4,7 +4,8 @@ every rank.
 ``explain_errors()`` installs the excepthook: an unfinished exercise of a learner's lab (said once,
 by rank 0), a collective whose peer died, one that waited its whole timeout (a hang, with where
 this rank waits), ranks that called different collectives, as TORCH_DISTRIBUTED_DEBUG=DETAIL
-finds before they hang, or DDP's parameters that got no gradient. And at exit, what still holds a
+finds before they hang, or DDP's parameters that got no gradient; any other error is rank 0's
+traceback, and one line from each rank that met the same. And at exit, what still holds a
 destroyed process group is let go, so that gloo's threads do not outlive the interpreter.
 """
 from __future__ import annotations
@@ -202,7 +203,42 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
                   "(DPCOURSE_TRACEBACK=1 shows this rank's traceback.)",
                   file=sys.stderr, flush=True)
         return
-    fallback(kind, err, tb)
+    _once_for_every_rank(kind, err, tb, fallback)
+
+# set in the group's store by rank 0 once it has printed a traceback: its error's last line
+_ERROR = "dpcourse/error_said"
+
+_ERROR_WAIT_S = 5.0
+
+def _once_for_every_rank(kind, err, tb, fallback) -> None:
+    """Any other error: rank 0 prints its traceback; a rank that meets the same error (the same
+    type and message: a wrong answer every rank runs alike) says so in one line instead of
+    printing the same traceback again. A rank whose error differs, or that hears nothing from rank
+    0 within _ERROR_WAIT_S, prints its own traceback."""
+    said = "".join(traceback.format_exception_only(kind, err)).strip().splitlines()[-1][:300]
+    store = (dist.distributed_c10d._get_default_store()
+             if dist.is_available() and dist.is_initialized() else None)
+    if store is None or os.environ.get("DPCOURSE_TRACEBACK"):
+        fallback(kind, err, tb)
+        return
+    if env_info().rank == 0:
+        fallback(kind, err, tb)
+        try:
+            store.set(_ERROR, said)
+        except RuntimeError:
+            pass  # nobody left to tell
+        return
+    try:  # one call that waits for the key and reads it: rank 0 may be gone right after its set
+        store.set_timeout(timedelta(seconds=_ERROR_WAIT_S))
+        same = store.get(_ERROR).decode(errors="replace") == said
+    except (RuntimeError, KeyboardInterrupt):  # rank 0 said nothing in time, or has gone
+        same = False
+    if not same:
+        fallback(kind, err, tb)
+        return
+    _, where = _waiting_in(tb)
+    print(f"the same error as rank 0, at {where}: {said} (rank 0's traceback is above; "
+          "DPCOURSE_TRACEBACK=1 shows every rank's).", file=sys.stderr, flush=True)
 
 def _waiting_in(tb) -> tuple[str, str]:
     """(the collective, "file:line (function)" of the code that called it) from a traceback."""
