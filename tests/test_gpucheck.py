@@ -39,7 +39,7 @@ def test_the_rehearsal_runs_every_step_and_writes_one_table_and_its_figures(tmp_
     out, report = rehearse(tmp_path, "--nproc", "1")
     assert report["rehearsal"] is True and report["nproc"] == 1
     rows = {c["name"]: c for c in report["checks"]}
-    assert list(rows) == ["doctor", "nccl", "fashion", "resnet50", "memory", "clinic",
+    assert list(rows) == ["doctor", "nccl", "fashion", "resnet50", "memory", "clinic", "drift",
                           "checkpoint"]
     assert all(c["ok"] for c in rows.values()), rows
     assert "skipped" in rows["nccl"]["summary"]  # one process: nothing to all-reduce between
@@ -51,6 +51,13 @@ def test_the_rehearsal_runs_every_step_and_writes_one_table_and_its_figures(tmp_
     # saved by FSDP2 on one process, loaded by a plain one: the weights of the run never stopped
     assert rows["checkpoint"]["figures"]["resumed_on"] == 1
     assert rows["checkpoint"]["figures"]["max_abs_diff"] < 1e-12
+    # one process: every strategy is the one process, in float32 to the bit; bfloat16 drifts
+    drift = {(r["strategy"], r["dtype"]): r["max_abs_diff"]
+             for r in rows["drift"]["figures"]["rows"]}
+    assert len(drift) == 6 and all(len(d) == 4 for d in drift.values()), drift
+    assert all(d[-1] <= 1e-6 for (_, dtype), d in drift.items() if dtype == "float32"), drift
+    assert all(1e-4 < d[-1] < 1 for (_, dtype), d in drift.items() if dtype == "bfloat16"), drift
+    assert (tmp_path / "gpu-check-drift.png").stat().st_size > 10_000
     assert "CPU REHEARSAL" in out and all(f"\n{name:10}  " in out for name in rows)
 
 
@@ -80,7 +87,13 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
     weights = {"w": [0.5, -0.25]}
     logs = {"gpucheck": [{"event": "busbw", "backend": "nccl", "world_size": 4, "algbw_gbs": 100.0,
                           "busbw_gbs": 150.0},
-                         {"event": "reshard", "dcp_ms": 40.0, "weights": weights}],
+                         {"event": "reshard", "dcp_ms": 40.0, "weights": weights},
+                         *[{"event": "drift", "strategy": name, "dtype": dtype, "world_size": 4,
+                            "backend": "nccl", "steps": 30,
+                            "max_abs_diff": [1e-7] * 29 + [3e-6 if dtype == "float32" else 2e-2]}
+                           for dtype in ("float32", "bfloat16")
+                           for name in ("DDP", "ZeRO-1 (ZeroRedundancyOptimizer)",
+                                        "FSDP2 fully_shard")]],
             "fashion_ddp": [{"event": "epoch", "samples_per_s": 50_000.0},
                             {"event": "done", "test_accuracy": 0.905, "elapsed_s": 12.5,
                              "epoch": 3.0, "world_size": 4}],
@@ -103,10 +116,12 @@ def test_the_gpu_path_gives_each_lab_only_options_it_has_and_reads_its_figures_p
     # a V100: fp16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     checker = gpucheck.Checker(4, rehearsal=False, root=ROOT)
-    for name in ("nccl", "fashion", "resnet50", "memory", "clinic", "checkpoint"):
+    for name in ("nccl", "fashion", "resnet50", "memory", "clinic", "drift", "checkpoint"):
         checker.check(name, lambda: gpucheck.CHECKS[name](checker))
     rows = {r.name: r for r in checker.results}
     assert all(r.ok for r in rows.values()), rows
+    assert ("after 30 steps on 4 GPU(s), max |Δweight| vs one process in float32: float32 ≤ "
+            "3.0e-06, bfloat16 ≤ 2.0e-02") in rows["drift"].summary, rows["drift"].summary
     assert (rows["resnet50"].figures["synthetic_images_per_s"] == 3000.0
             and rows["resnet50"].figures["amp"] == "fp16")
     assert (rows["fashion"].figures["samples_per_s"] == 50_000.0
@@ -143,3 +158,21 @@ def test_a_failed_lab_run_is_a_failed_row_and_the_others_still_run(monkeypatch):
     assert [r.ok for r in checker.results] == [False, False]
     assert checker.results[0].summary == ("FAILED: exit status 1: "
                                           "[rank1]: RuntimeError: CUDA out of memory")
+
+
+def test_a_float32_drift_beyond_rounding_fails_its_row(monkeypatch):
+    """float32 on the GPUs must stay on one process's weights; a strategy 1e-2 away (a sum for a
+    mean, say) is a failed row that names it."""
+    from dpcourse.cluster import gpucheck
+    from dpcourse.explore.launch import Run
+
+    rows = [{"event": "drift", "strategy": name, "dtype": dtype, "max_abs_diff": [d]}
+            for name, dtype, d in (("DDP", "float32", 2e-7), ("FSDP2 fully_shard", "float32", 1e-2),
+                                   ("DDP", "bfloat16", 2e-2))]
+    monkeypatch.setattr(gpucheck.Checker, "launch",
+                        lambda self, name, *a, **k: Run(["torchrun"], 0, [], rows))
+    checker = gpucheck.Checker(2, rehearsal=False, root=ROOT)
+    checker.check("drift", lambda: gpucheck.drift(checker))
+    (row,) = checker.results
+    assert not row.ok and row.summary == ("FAILED: FSDP2 fully_shard in float32 ended 0.01 from "
+                                          "one process's weights (more than 0.001)"), row.summary

@@ -16,6 +16,12 @@ On the GPUs this process sees (one process per GPU, each launch through torchrun
     memory     labs/fsdp_fashion.py --memory ddp and fsdp: each rank's peak GPU memory
     clinic     labs/bugs/no_set_device.py and its fixed twin: where every rank's copy of a
                checkpoint saved from cuda:0 lands (the symptom needs 2 GPUs)
+    drift      the equivalence matrix's cells that need NCCL, on the GPUs: DDP, ZeRO-1
+               (ZeroRedundancyOptimizer) and FSDP2 trained 30 steps in float32 and with bfloat16
+               compute (autocast; FSDP2's MixedPrecisionPolicy, gradients reduced in float32),
+               each step's weights against one process's in float32, as torchtitan's
+               docs/converging.md compares runs: float32 must stay on it, bfloat16 drifts; the
+               curves plotted beside the JSON (gpu-check-drift.png)
     checkpoint FSDP2's shards saved through torch.distributed.checkpoint on every GPU and resumed
                on one GPU fewer (FSDP2 re-cuts them; on 1 or 2 GPUs, one plain process joins them),
                as labs/fashion_elastic.py saves: the weights 2 steps later are those of the run
@@ -75,6 +81,7 @@ class Checker:
         self.on = f"{nproc} CPU process(es)" if rehearsal else f"{nproc} GPU(s)"
         self.results: list[Result] = []
         self._commands: list[str] = []
+        self.plot: Path | None = None  # where the drift check draws its curves
 
     def launch(self, name: str, *args, nproc: int | None = None, timeout: float = 600) -> Run:
         """A lab of solutions/labs (or this file, as a worker) on ``nproc`` processes, quietly."""
@@ -279,8 +286,54 @@ def checkpoint(c: Checker):
             f"({resumed['dcp_ms']:.0f} ms): max |Δweight| {diff:.1e}"), figures
 
 
+# float32 on the GPU with TF32 off: the order of the additions differs from one process's, and
+# 30 steps of training let that grow (2.5e-6 after 4 steps on 2 CPU processes)
+DRIFT_FLOAT32_MAX = 1e-3
+
+
+def drift(c: Checker):
+    steps = 4 if c.rehearsal else 30
+    run = c.launch("gpucheck", "--worker", "drift", "--backend", c.backend, "--device", c.device,
+                   "--steps", steps)
+    _last(run, "drift")  # a failed run, or one that logged nothing, said here
+    rows = [r for r in run.log if r.get("event") == "drift"]
+    final = {(r["strategy"], r["dtype"]): r["max_abs_diff"][-1] for r in rows}
+    off = {k: v for k, v in final.items() if k[1] == "float32" and not v <= DRIFT_FLOAT32_MAX}
+    if off:
+        (name, _), diff = next(iter(off.items()))
+        raise CourseError(f"{name} in float32 ended {diff:.2g} from one process's weights "
+                          f"(more than {DRIFT_FLOAT32_MAX:g})")
+    if not all(v == v and v < 1.0 for v in final.values()):  # NaN, or bfloat16 gone astray
+        raise CourseError(f"a run in bfloat16 did not stay near float32's weights: {final}")
+    if c.plot:
+        _plot_drift(rows, steps, c.plot)
+    worst = {dtype: max(v for (_, d), v in final.items() if d == dtype)
+             for dtype in ("float32", "bfloat16")}
+    return (f"after {steps} steps on {c.on}, max |Δweight| vs one process in float32: "
+            f"float32 ≤ {worst['float32']:.1e}, bfloat16 ≤ {worst['bfloat16']:.1e}"
+            + (f" (plotted: {c.plot})" if c.plot else "")), {"steps": steps, "rows": rows}
+
+
+def _plot_drift(rows: list[dict], steps: int, path: Path) -> None:
+    """Each row's max |Δweight| per step, log scale: float32 solid, bfloat16 dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    for r in rows:
+        ax.plot(range(1, steps + 1), [max(d, 1e-12) for d in r["max_abs_diff"]],
+                ls="-" if r["dtype"] == "float32" else "--", label=f"{r['strategy']}, {r['dtype']}")
+    ax.set(yscale="log", xlabel="step", ylabel="max |Δweight| vs one process (float32)",
+           title=f"{rows[0]['world_size']} ranks on {rows[0]['backend']}: float32 vs bfloat16")
+    ax.legend(fontsize=7)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 CHECKS = {"doctor": doctor, "nccl": nccl, "fashion": fashion, "resnet50": resnet50,
-          "memory": memory, "clinic": clinic, "checkpoint": checkpoint}
+          "memory": memory, "clinic": clinic, "drift": drift, "checkpoint": checkpoint}
 
 
 # -------------------------------------------------------------------------- the bandwidth worker
@@ -420,6 +473,90 @@ def reshard_worker(args) -> None:
     dist.destroy_process_group()
 
 
+def drift_worker(args) -> None:
+    """One rank of the drift check. The course CNN from the same weights on every rank, trained
+    --steps steps of SGD with momentum on the same FashionMNIST batches (each rank its rows), by
+    DDP, ZeroRedundancyOptimizer (ZeRO-1) and FSDP2, in float32 and with bfloat16 compute; after
+    each step the weights (gathered) are compared with one process's on the whole batch in float32.
+    TF32 is off, so float32 differs from one process by the order of additions alone. Rank 0 logs
+    one record per strategy and dtype: the largest |Δweight| over the ranks after each step."""
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dpcourse.lab.data import InMemoryFashionMNIST
+    from dpcourse.lab.metrics import JsonLog
+    from dpcourse.lab.models import FashionCNN
+
+    env = world.prepare(args.backend, args.device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=120))
+    rank, size, dev = env.rank, env.world_size, env.device
+    batch = 16 * size  # global batch: 16 rows a rank
+    data = InMemoryFashionMNIST(None, train=True, first=args.steps * batch, device=dev)
+    batches = [data[torch.arange(s * batch, (s + 1) * batch, device=dev)]
+               for s in range(args.steps)]
+
+    def fresh():
+        torch.manual_seed(0)
+        return FashionCNN().to(dev)
+
+    def flat(model):
+        return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().flatten()
+                          for p in model.parameters()]).float()
+
+    one, reference = fresh(), []  # one process, whole batches, float32: the same on every rank
+    opt = torch.optim.SGD(one.parameters(), lr=0.05, momentum=0.9)
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(one(x), y).backward()
+        opt.step()
+        reference.append(flat(one))
+
+    log = JsonLog(args.log_json if rank == 0 else None)  # rank 0 logs
+    for dtype in ("float32", "bfloat16"):
+        bf16 = dtype == "bfloat16"
+        for name in ("DDP", "ZeRO-1 (ZeroRedundancyOptimizer)", "FSDP2 fully_shard"):
+            model = fresh()
+            if name.startswith("FSDP2"):
+                mesh = init_device_mesh(dev.type, (size,))
+                policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.float32)
+                          if bf16 else MixedPrecisionPolicy())
+                for layer in model.modules():
+                    if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                        fully_shard(layer, mesh=mesh, mp_policy=policy)
+                fully_shard(model, mesh=mesh, mp_policy=policy)
+                opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            else:
+                model = DDP(model, device_ids=[dev] if dev.type == "cuda" else None)
+                opt = (ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.05,
+                                               momentum=0.9) if name.startswith("ZeRO")
+                       else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+            diffs = []
+            for (x, y), ref in zip(batches, reference):
+                opt.zero_grad()
+                # FSDP2 casts by its policy; DDP and ZeRO compute in bfloat16 under autocast
+                with torch.autocast(dev.type, torch.bfloat16,
+                                    enabled=bf16 and not name.startswith("FSDP2")):
+                    loss = F.cross_entropy(model(x[rank::size]), y[rank::size])
+                loss.backward()
+                opt.step()
+                diffs.append((flat(model) - ref).abs().max())
+            worst = torch.stack(diffs)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the worst rank's, step by step
+            log.write("drift", strategy=name, dtype=dtype, world_size=size, backend=env.backend,
+                      steps=args.steps, max_abs_diff=[float(f"{d:.4g}") for d in worst.tolist()])
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------------------ the command
 def describe_node(rehearsal: bool) -> dict:
     gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -464,12 +601,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wrap", choices=["fsdp", "ddp", "plain"], default="fsdp",
                    help=argparse.SUPPRESS)
     p.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=30, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker == "busbw":
         busbw_worker(args)
         return 0
     if args.worker == "reshard":
         reshard_worker(args)
+        return 0
+    if args.worker == "drift":
+        drift_worker(args)
         return 0
     unknown = set(args.only.split(",")) - set(CHECKS)
     if unknown:
@@ -491,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     node = describe_node(args.cpu_rehearsal)
     checker = Checker(nproc, args.cpu_rehearsal, root)
+    checker.plot = (Path(args.json).with_name(Path(args.json).stem + "-drift.png") if args.json
+                    else root / "build" / "gpu-check-drift.png")
     try:
         for name in args.only.split(","):
             checker.check(name, lambda: CHECKS[name](checker))
