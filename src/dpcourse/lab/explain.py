@@ -208,7 +208,7 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
 # set in the group's store by rank 0 once it has printed a traceback: its error's last line
 _ERROR = "dpcourse/error_said"
 
-_ERROR_WAIT_S = 5.0
+_ERROR_WAIT_S = 3.0
 
 def _once_for_every_rank(kind, err, tb, fallback) -> None:
     """Any other error: rank 0 prints its traceback; a rank that meets the same error (the same
