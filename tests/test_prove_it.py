@@ -9,6 +9,7 @@ stream) and its cost on a large model, and compile's two other modes (the model 
 nn.Sequential's: no graph at all; compiled autograd: the backward in one graph)."""
 import json
 import pickle
+import re
 import subprocess
 import sys
 
@@ -34,17 +35,14 @@ def test_the_reader_blames_rank_1_when_rank_0_evaluates_alone(tmp_path):
     assert result.returncode != 0, result.stdout
     # Each rank's line says where it waited. The rank whose timeout ends first exits, and the
     # other's collective may then end as a lost peer before its own timeout (arrival order under
-    # load): either line names the same place.
-    said = [line for line in result.stdout.splitlines()
-            if "waited its whole timeout" in line or "lost another rank in the middle of" in line]
-    assert len(said) == 2, result.stdout
-    assert any(line.startswith("[rank0]: all_reduce at hang.py") and "(evaluate)" in line
-               or line.startswith("[rank0]: lost another rank in the middle of all_reduce at "
-                                  "hang.py") and "(evaluate)" in line for line in said), said
-    assert any(line.startswith("[rank1]: barrier at hang.py")
-               or line.startswith("[rank1]: lost another rank in the middle of barrier at hang.py")
-               for line in said), said
-    assert any("waited its whole timeout" in line for line in said), said  # the first to end
+    # load): either line names the same place. Counted in the whole output, not line by line: two
+    # ranks writing at once can share a line.
+    out = result.stdout
+    assert out.count("waited its whole timeout") + out.count("lost another rank in the middle "
+                                                             "of") == 2, out
+    assert "waited its whole timeout" in out, out  # the first to end
+    assert re.search(r"all_reduce at hang\.py:\d+ \(evaluate\)", out), out  # rank 0's
+    assert re.search(r"barrier at hang\.py:\d+ \(main\)", out), out  # rank 1's
     ranks = [line for line in result.stdout.splitlines() if line.startswith("[rank")]
     assert not [line for line in ranks if "Traceback" in line], result.stdout  # one line each
     assert sorted(p.name for p in traces.iterdir()) == ["rank_0", "rank_1"]
