@@ -28,6 +28,7 @@ fails (exit 1 on every rank) when a strategy of the course is WRONG or a mutant 
 import argparse
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -302,7 +303,9 @@ def matrix(args, strategies):
             state = {k: v.detach().clone() for k, v in strategy(FashionCNN().double(), run).items()}
             diff, why = diagnose(state, refs, args.tolerance)
         except NotImplementedError as err:  # an exercise left in the learner's copy, every rank
-            state, diff, why = None, None, f"not done yet — {err}"
+            stub = traceback.extract_tb(err.__traceback__)[-1]  # the lab and line of the exercise
+            state, diff, why = None, None, (f"not done yet — the exercise in labs/"
+                                            f"{Path(stub.filename).name}, line {stub.lineno}")
         except NothingCompiled as err:  # every rank compiles alike: every rank is here
             state, diff, why = None, None, str(err)
         seconds = time.perf_counter() - start

@@ -113,8 +113,9 @@ def train(args, env, log, train_set):
                                        device=env.device)]
         loss = step(model, opt, x, y, aux=args.aux_every > 0 and i % args.aux_every == 0)
     if env.rank == 0:  # DDP: one rank reports
-        print(f"--ddp {args.ddp}, auxiliary head every {args.aux_every or 'no'} step(s): "
-              f"{args.steps} steps ran, last loss {loss:.3f}", flush=True)
+        aux = f"every {args.aux_every} step(s)" if args.aux_every else "in no step"
+        print(f"--ddp {args.ddp}, the auxiliary head {aux}: {args.steps} steps ran, last loss "
+              f"{loss:.3f}", flush=True)
     log.write("done", ddp=args.ddp, aux_every=args.aux_every, steps=args.steps, loss=loss)
 
 

@@ -1,5 +1,6 @@
-"""Every rank raises a ValueError (tests/test_dist.py): the same on every rank (argv[1] "same"), or
-one naming its rank ("own"); rank 0 raises its own argv[2] seconds later than the others."""
+"""Every rank raises a ValueError (tests/test_dist.py): the same on every rank (argv[1] "same",
+each naming its rank: the same up to its numbers), or one of its own ("own"); rank 0 raises its
+own argv[2] seconds later than the others."""
 import sys
 import time
 
@@ -11,5 +12,5 @@ env = world.prepare(backend="gloo", device="cpu")  # srun's variables read; the 
 dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size)
 if env.rank == 0:
     time.sleep(float(sys.argv[2]))
-raise ValueError("shapes [8] and [4] differ" if sys.argv[1] == "same"
-                 else f"rank {env.rank} has its own problem")
+raise ValueError(f"rank {env.rank}: shapes [8] and [4] differ" if sys.argv[1] == "same"
+                 else ["one problem", "another problem"][env.rank])

@@ -179,8 +179,10 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
                   "sends it. Take what forward does not use out of the model (or out of DDP), or "
                   "pass DistributedDataParallel(..., find_unused_parameters=True) (a walk over "
                   "the autograd graph every step), or static_graph=True where the same parameters "
-                  "go unused in every step. TORCH_DISTRIBUTED_DEBUG=INFO names the parameters; "
-                  "DPCOURSE_TRACEBACK=1 shows this rank's traceback.", file=sys.stderr, flush=True)
+                  "go unused in every step. "
+                  + ("" if names else "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters; ")
+                  + "DPCOURSE_TRACEBACK=1 shows this rank's traceback.",
+                  file=sys.stderr, flush=True)
         return
     if isinstance(err, RuntimeError) and any(s in text for s in _LOST_PEER) \
             and not os.environ.get("DPCOURSE_TRACEBACK"):
@@ -209,10 +211,12 @@ def _explain_lost_peer(kind, err, tb, fallback=sys.excepthook) -> None:
 _ERROR = "dpcourse/error_said"
 
 _ERROR_WAIT_S = 3.0
+_DIGITS = re.compile(r"\d+")
 
 def _once_for_every_rank(kind, err, tb, fallback) -> None:
     """Any other error: rank 0 prints its traceback; a rank that meets the same error (the same
-    type and message: a wrong answer every rank runs alike) says so in one line instead of
+    type and message up to their numbers: a wrong answer every rank runs alike; its own message,
+    numbers included, is in its line) says so in one line instead of
     printing the same traceback again. A rank whose error differs, or that hears nothing from rank
     0 within _ERROR_WAIT_S, prints its own traceback."""
     said = "".join(traceback.format_exception_only(kind, err)).strip().splitlines()[-1][:300]
@@ -230,7 +234,9 @@ def _once_for_every_rank(kind, err, tb, fallback) -> None:
         return
     try:  # one call that waits for the key and reads it: rank 0 may be gone right after its set
         store.set_timeout(timedelta(seconds=_ERROR_WAIT_S))
-        same = store.get(_ERROR).decode(errors="replace") == said
+        # the same up to its numbers: a message can name its rank, a time, an address
+        same = _DIGITS.sub("N", store.get(_ERROR).decode(errors="replace")) \
+            == _DIGITS.sub("N", said)
     except (RuntimeError, KeyboardInterrupt):  # rank 0 said nothing in time, or has gone
         same = False
     if not same:
