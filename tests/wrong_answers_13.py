@@ -62,6 +62,11 @@ WRONG = {
         rank = dist.get_rank()
         piece = flat[rank * per_rank:(rank + 1) * per_rank].clone()"""),
             "each rank must step the average over the ranks of its own piece"),
+        "an all-reduce, then this rank's piece of the average": (Lab("fsdp_by_hand.py", PIECE, """
+        dist.all_reduce(flat)
+        rank = dist.get_rank()
+        piece = flat[rank * per_rank:(rank + 1) * per_rank] / world_size"""),
+            "the right weights, through an all_reduce"),
         "the whole gradient all-reduced and returned whole": (Lab("fsdp_by_hand.py", PIECE, """
         dist.all_reduce(flat)
         piece = flat / world_size"""),

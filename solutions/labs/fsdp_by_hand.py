@@ -192,6 +192,7 @@ def check(args):
     one = train(fresh(), data, args, 0, 1, args.lr).state_dict()  # one process, whole batches
     wrong = {"sum": train(fresh(), data, args, 0, 1, args.lr * world_size).state_dict()}
     hand = train(shard_model(fresh()), data, args, rank, world_size, args.lr)
+    all_reduced = calls_all_reduce(hand, data, args, rank, world_size)  # one more step's backward
     held = sum(p.numel() for p in hand.parameters())
     state = whole_weights(hand)
     fsdp_state = fsdp2_weights(fresh(), data, args, rank, world_size)
@@ -200,6 +201,11 @@ def check(args):
     dist.all_reduce(diffs, op=dist.ReduceOp.MAX)  # FSDP: the worst rank's, on every rank
     ok = diffs[0].item() <= args.tolerance
     why = None if ok else why_off(state, one, args, wrong)
+    if ok and all_reduced:  # the right numbers, at twice the traffic
+        ok, why = False, ("the right weights, through an all_reduce: every rank gets the whole "
+                          "sum to keep 1/P of it. reduce_scatter_single asks for this rank's piece "
+                          "only: on NCCL, half an all-reduce's traffic (an all-reduce is a "
+                          "reduce-scatter, then an all-gather: notebook 04)")
     mixed = args.compute_dtype and mixed_precision(fresh, data, args, rank, world_size, one)
     total = sum(v.numel() for v in one.values())
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # FSDP: rank 0 logs
@@ -217,6 +223,22 @@ def check(args):
                   f"float64 {mixed['hand']:.1e} (FSDP2 with the same policy: {mixed['fsdp2']:.1e})")
         print("ok" if ok else f"WRONG — {why}")
     return ok
+
+
+def calls_all_reduce(model, data, args, rank, world_size):
+    """Whether one forward and backward of ``model`` on this rank's rows calls dist.all_reduce.
+    The check watches the call itself: gloo builds reduce_scatter_single from an all-reduce
+    inside, so neither the weights nor a profile of gloo's work can tell the two apart."""
+    seen, real = [], dist.all_reduce
+    dist.all_reduce = lambda *a, **k: (seen.append(1), real(*a, **k))[1]
+    try:
+        x, y = data[torch.arange(args.global_batch_size)[rank::world_size]]  # FSDP: my rows
+        x = x.to(next(model.parameters()).dtype)
+        F.cross_entropy(model(x).to(torch.float64), y).backward()
+    finally:
+        dist.all_reduce = real
+    model.zero_grad()
+    return bool(seen)
 
 
 def fsdp2_weights(model, data, args, rank, world_size, policy=None):
