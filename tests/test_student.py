@@ -249,6 +249,45 @@ def test_make_check_reports_each_exercise():
     assert f"1 of {2 + sum(map(len, checks.values())) + len(lost)} exercises pass." in out
 
 
+def test_make_check_shows_a_bar_of_cells_in_a_terminal_and_none_in_a_log(tmp_path):
+    """A notebook takes make check minutes: in a terminal it shows how far it is, cell by cell; in a
+    pipe (a log, CI) the output is the verdicts alone."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("y = x + 1"),
+                nbformat.v4.new_code_cell("# CHECK: exercise 1 — y\nassert y == 2\nprint('✓ y')",
+                                          metadata={"tags": ["check"]})]
+    nbformat.write(nb, tmp_path / "01_tiny.ipynb")
+    command = [sys.executable, "-m", "dpcourse.kit.course", "check", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the child's end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=120) == 0, seen
+    os.close(main)
+    terminal = seen.decode(errors="replace")
+    assert re.search(r"01_tiny.ipynb: +\d+%\|.*\| [0-3]/3 \[", terminal), terminal
+    assert "✓ 01_tiny.ipynb: exercise 1 — y — pass" in terminal, terminal
+    logged = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert logged.returncode == 0, logged.stdout + logged.stderr
+    assert "cell/s" not in logged.stdout + logged.stderr and "✓ 01_tiny.ipynb" in logged.stdout
+
+
 def test_make_check_grades_with_the_courses_checks_not_the_learners_copy():
     """A learner solves exercise 1 of notebook 01 wrongly (the learning rate forgotten), edits its
     check to pass, and deletes exercise 2's check: make check grades with the course's checks, from

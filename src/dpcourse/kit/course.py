@@ -63,9 +63,10 @@ def _solution_notebooks(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
 
 
-def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_S, nb=None):
+def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_S, nb=None,
+            done=None):
     """Run a notebook (``nb``, or the file at ``path``) top to bottom in the folder of ``path``;
-    return (notebook, seconds, error or None).
+    return (notebook, seconds, error or None). ``done(cell)`` is called after each code cell.
 
     Its kernel runs under test (``dpcourse.explore.UNDER_TEST`` set): nobody watches an
     explorer's output area here, so an error in its drawing fails the cell instead of being shown
@@ -80,6 +81,8 @@ def execute(path: Path, allow_errors: bool = False, timeout: int = CELL_TIMEOUT_
                             coalesce_streams=True,
                             resources={"metadata": {"path": str(path.parent)}},
                             extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    if done is not None:
+        client.on_cell_executed = lambda cell, **_: done(cell)
     start = time.perf_counter()
     error = None
     try:
@@ -453,6 +456,8 @@ def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> in
     """Run the learner's saved notebooks whose names start with ``prefix``; print each exercise's
     verdict, and, with ``room`` (or $DPCOURSE_ROOM), leave one record of each in that folder
     (dpcourse.cluster.room)."""
+    from tqdm import tqdm
+
     from dpcourse.cluster import room as rooms
 
     room = room or os.environ.get(rooms.ENV) or None
@@ -490,7 +495,12 @@ def check_learner(folder: Path, prefix: str = "", room: str | None = None) -> in
             print(f"! {path.name}: {note}", flush=True)
         results = []
         if any(map(_is_check, nb.cells)):
-            nb, _, stopped = execute(path, allow_errors=True, nb=nb)
+            # a notebook takes minutes: a bar of its cells in a terminal (off in logs and CI)
+            with tqdm(total=sum(c.cell_type == "code" for c in nb.cells), unit="cell",
+                      desc=f"  {path.name}", leave=False, file=sys.stdout,
+                      disable=True if os.environ.get("TQDM_DISABLE") else None) as bar:
+                nb, _, stopped = execute(path, allow_errors=True, nb=nb,
+                                         done=lambda cell: bar.update())
             results = check_results(nb, stopped)
         results += [("○" if "(optional)" in name else "✗",
                      f"{name} — not graded: its check and the cell before it are missing from "
