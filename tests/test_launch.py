@@ -70,6 +70,19 @@ def test_python_runs_one_plain_process_like_torchrun(capsys):
     assert "python exited with status" in capsys.readouterr().out
 
 
+def test_a_line_the_rank_already_names_is_tagged_once(tmp_path):
+    """The course's errors name their rank for a terminal ("[rank 0] ..."); torch's excepthook tags
+    its lines "[rank0]: ...": under the launcher's own tag, once is enough."""
+    script = tmp_path / "twice.py"
+    script.write_text("print('[rank 0] the replicas have diverged')\n"
+                      "print('[rank0]: Traceback (most recent call last):')\n"
+                      "print('[rank 1] another rank, said on rank 0')\n")
+    run = python(script, log_json=False, echo=False)
+    assert run.lines == ["[rank0]:the replicas have diverged",
+                         "[rank0]: Traceback (most recent call last):",
+                         "[rank0]:[rank 1] another rank, said on rank 0"], run.lines
+
+
 def test_failure_is_summarised_not_a_traceback(capsys):
     run = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False)
     assert run.returncode != 0

@@ -200,7 +200,9 @@ def python(script: str | os.PathLike, *args: str, timeout: float = 300, log_json
                    echo, None, untag=lambda line: f"[rank0]:{line}")
 
 
-_TWICE = re.compile(r"^(\[rank\d+\]:)\1")
+# A line tagged twice: by the launcher and by torch's excepthook ("[rank1]:[rank1]: ..."), or by
+# the launcher and by the course's errors, which name their rank ("[rank1]:[rank 1] ")
+_TWICE = re.compile(r"^(\[rank(\d+)\]:)(?:\1|\[rank \2\] )")
 
 
 def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, echo, ranks,
@@ -241,7 +243,7 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
             line = line.rstrip("\n")
             if untag is not None:  # the launcher's own tags, made "[rankN]:"
                 line = untag(line)
-            # torch's excepthook tags its lines too: one tag is enough
+            # one tag is enough
             line = _TWICE.sub(r"\1", line)
             if line.startswith("[rank"):
                 lines.append(line)
