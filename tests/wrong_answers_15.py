@@ -69,6 +69,19 @@ WRONG = {
         if len({repr(c) for c in calls.values()}) > 1:
             return next(e for e in here if e)["collective_seq_id"], calls
     return None""", "Match entries by collective_seq_id, not by their position"),
+        # a learner's trial: every number any rank holds, as if a rank called nothing before its
+        # recorder's window
+        "from the smallest of the ranks' first numbers": ("""
+    called = {rank: {e["collective_seq_id"]: (e["profiling_name"], e["input_sizes"])
+                     for e in entries}
+              for rank, entries in dumps.items()}
+    first = min(min(seqs, default=1) for seqs in called.values())
+    last = max(max(seqs, default=0) for seqs in called.values())
+    for seq in range(first, last + 1):
+        here = {rank: seqs.get(seq) for rank, seqs in called.items()}
+        if len({repr(c) for c in here.values()}) > 1:
+            return seq, here
+    return None""", "Start from the largest of the ranks' first numbers"),
     },
     ("15_prove_it.ipynb", "exercise 3"): {
         "Join with the model only, the meter left out": (Lab("uneven_inputs.py", JOIN, """
