@@ -4,6 +4,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,30 @@ def fashion_root() -> Path:
 def run(cmd, timeout=120, env=None, cwd=ROOT):
     """Run a command, return CompletedProcess with text output (stdout+stderr merged). Past
     ``timeout``, the command and every process it started in its session (a launcher's workers) are
-    killed, so that a failed test leaves nothing running beside the next ones."""
+    killed, so that a failed test leaves nothing running beside the next ones.
+
+    ``python -m dpcourse.lab.torchrun`` (torchrun_cmd) runs as the notebooks run it: torchrun's
+    agent in a fork of this process, which has imported torch already, not a new interpreter that
+    imports it again (dpcourse.explore.launch._ForkedTorchrun; test_launch shows the two alike).
+    The workers are new interpreters either way. DPCOURSE_FORK_LAUNCHER=0: a new interpreter."""
+    from dpcourse.explore.launch import _can_fork, _ForkedTorchrun
+
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if _can_fork(cmd):
+        # arguments as Popen takes them (paths, numbers)
+        proc = _ForkedTorchrun([str(arg) for arg in cmd[3:]], full_env, cwd=cwd)
+        said = []
+        reader = threading.Thread(target=lambda: said.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end_session(proc)
+            raise
+        finally:
+            reader.join(timeout=30)
+            proc.stdout.close()
+        return subprocess.CompletedProcess(cmd, proc.returncode, "".join(said))
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -300,7 +300,7 @@ class _ForkedTorchrun:
     seconds a launch took on the course's 2-core machine. The workers are new interpreters as
     before, started by the agent."""
 
-    def __init__(self, args: list[str], env: dict):
+    def __init__(self, args: list[str], env: dict, cwd: str | os.PathLike | None = None):
         env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
         parent = os.getpid()
         read, write = os.pipe()
@@ -314,7 +314,7 @@ class _ForkedTorchrun:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
             if pid == 0:
-                self._agent(args, env, read, write, parent, old_mask)  # never returns
+                self._agent(args, env, read, write, parent, old_mask, cwd)  # never returns
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write)
@@ -322,10 +322,10 @@ class _ForkedTorchrun:
         self.stdout = open(read, "r", buffering=1, encoding="utf-8", errors="replace")
 
     @staticmethod
-    def _agent(args, env, read, write, parent, old_mask) -> None:
+    def _agent(args, env, read, write, parent, old_mask, cwd=None) -> None:
         """The child: its own session, the pipe as stdout and stderr, nothing else of the caller's
-        open (a kernel's sockets, a pipe of another launch), gone when the caller is; then
-        torchrun's main."""
+        open (a kernel's sockets, a pipe of another launch), gone when the caller is, in ``cwd``
+        (Popen's); then torchrun's main."""
         code = 1
         try:
             gc.freeze()  # no collection copies the caller's heap, nor finalises what it owns
@@ -355,6 +355,8 @@ class _ForkedTorchrun:
                               errors="backslashreplace")
             os.environ.clear()
             os.environ.update(env)
+            if cwd is not None:
+                os.chdir(cwd)
             from dpcourse.lab.torchrun import main
             sys.argv = ["torchrun", *args]
             code = main()
