@@ -83,6 +83,29 @@ def test_a_line_the_rank_already_names_is_tagged_once(tmp_path):
                          "[rank0]:[rank 1] another rank, said on rank 0"], run.lines
 
 
+def test_a_process_with_the_lab_runtime_skips_the_last_collections_and_still_flushes(tmp_path):
+    """dpcourse.lab freezes the objects alive at exit (gc.freeze), so that the interpreter's last
+    collections do not walk torch's objects on every rank of every run; what reference counting
+    frees (an open file's buffer) is still written."""
+    import subprocess
+    import sys
+
+    kept = tmp_path / "kept.txt"
+    probe = ("import atexit, gc\n"
+             "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))\n"
+             "{imports}"
+             f"f = open({str(kept)!r}, 'w')\n"
+             "f.write('written, never closed')\n")
+    said = {}
+    for imports in ("", "import dpcourse.lab\n"):
+        done = subprocess.run([sys.executable, "-c", probe.format(imports=imports)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        said[imports] = done.stdout.strip()
+        assert kept.read_text() == "written, never closed"
+    assert said == {"": "frozen at exit: False", "import dpcourse.lab\n": "frozen at exit: True"}
+
+
 def test_failure_is_summarised_not_a_traceback(capsys):
     run = torchrun(ROOT / "tests/helpers/fail.py", nproc=2, log_json=False)
     assert run.returncode != 0
