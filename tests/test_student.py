@@ -255,8 +255,10 @@ def test_make_check_shows_a_bar_of_cells_in_a_terminal_and_none_in_a_log(tmp_pat
     import fcntl
     import os
     import pty
+    import select
     import struct
     import termios
+    import time
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("y = x + 1"),
@@ -269,8 +271,10 @@ def test_make_check_shows_a_bar_of_cells_in_a_terminal_and_none_in_a_log(tmp_pat
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
     proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
     os.close(child)
-    seen = b""
-    while True:
+    seen, deadline = b"", time.monotonic() + 120  # a cap for a hang, not a measure
+    while time.monotonic() < deadline:
+        if not select.select([main], [], [], deadline - time.monotonic())[0]:
+            break
         try:
             chunk = os.read(main, 4096)
         except OSError:  # the child's end closed
@@ -278,7 +282,9 @@ def test_make_check_shows_a_bar_of_cells_in_a_terminal_and_none_in_a_log(tmp_pat
         if not chunk:
             break
         seen += chunk
-    assert proc.wait(timeout=120) == 0, seen
+    else:
+        proc.kill()
+    assert proc.wait(timeout=30) == 0, seen
     os.close(main)
     terminal = seen.decode(errors="replace")
     assert re.search(r"01_tiny.ipynb: +\d+%\|.*\| [0-3]/3 \[", terminal), terminal

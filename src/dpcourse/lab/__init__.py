@@ -17,4 +17,3 @@ import gc
 # goes (modules, files, process groups, as before); only reference cycles still alive at exit are
 # left to the operating system with the rest of the process's memory. tests/test_launch.py holds it.
 atexit.register(gc.freeze)
-
