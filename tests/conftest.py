@@ -154,6 +154,20 @@ def lab_cmd(nproc, script, *args):
     return torchrun_cmd(nproc, script, *args)
 
 
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """{'folders': root, 'shards': root}: the default tree of make-imagefolder, and its shards
+    (the ImageNet lab's data in tests/test_imagenet.py and tests/test_imagenet_slurm.py)."""
+    top = tmp_path_factory.mktemp("imagenet")
+    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "make-imagefolder",
+                top / "folders"])
+    assert made.returncode == 0 and "10 classes" in made.stdout, made.stdout
+    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "make-shards",
+                  top / "folders", top / "shards", "--shard-size", "50"])
+    assert packed.returncode == 0, packed.stdout
+    return {"folders": top / "folders", "shards": top / "shards"}
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A real two-node Slurm cluster (nodes n1, n2) on this machine;

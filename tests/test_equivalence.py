@@ -104,10 +104,13 @@ def test_a_mutant_that_did_not_run_is_not_counted_as_caught(tmp_path, fashion_ro
 def test_fsdp_by_hand_on_3_ranks_pads_its_shards_and_matches_fsdp2(tmp_path, fashion_root):
     """Three ranks: GroupNorm's 16 weights do not split in three, so every piece is padded. The
     hand-made FSDP ends on the one process's weights and on FSDP2's, rank 0 holds a third of the
-    model (and its padding), and with bfloat16 compute both FSDPs end about as far from float64."""
+    model (and its padding), and with bfloat16 compute both FSDPs end about as far from float64.
+    With --prefetch (each layer's gathers started by the layer next to it) the weights are the
+    same to the last bit, and while a layer computes the next one's weights are whole too."""
     log = tmp_path / "fsdp.jsonl"
     result = run(torchrun_cmd(3, LABS / "fsdp_by_hand.py", "--compute-dtype", "bfloat16",
-                              "--data-root", fashion_root, "--log-json", log), timeout=240)
+                              "--prefetch", "--data-root", fashion_root, "--log-json", log),
+                 timeout=240)
     assert result.returncode == 0, result.stdout
     (check,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert check["ok"] and check["world_size"] == 3, check
@@ -115,3 +118,8 @@ def test_fsdp_by_hand_on_3_ranks_pads_its_shards_and_matches_fsdp2(tmp_path, fas
     assert check["params"] / 3 <= check["held_by_rank0"] <= check["params"] / 3 + 3 * 8, check
     mixed = check["mixed"]
     assert 1e-5 < mixed["hand"] < 0.1 and 0.5 < mixed["hand"] / mixed["fsdp2"] < 2, mixed
+    ahead, most = check["prefetch"], check["prefetch"]["whole_at_most"]
+    assert ahead["vs_plain"] == 0.0, ahead
+    # without prefetch: the largest layer's weights whole (the linear layer's 15,690); with it,
+    # the layer before it too (GroupNorm's 64) while the linear one's gathers (padded) arrive
+    assert most["plain"] == 15_690 and 15_690 + 64 <= most["prefetch"] <= 15_690 + 64 + 6, most

@@ -7,14 +7,12 @@ import os
 import re
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import ROOT, lab_cmd, ranks_part, run
-from dpcourse.cluster import localslurm
 from dpcourse.lab import images
 from dpcourse.lab.errors import CourseError
 from dpcourse.lab.metrics import read_log
@@ -23,19 +21,6 @@ LAB = ROOT / "solutions" / "labs" / "imagenet_ddp.py"
 # resnet18 on 48-px crops of the generated 64-px tree: 200 training and 100 validation images.
 SMALL = ["--arch", "resnet18", "--image-size", "48", "--batch-size", "16", "--workers", "1",
          "--warmup-epochs", "1", "--lr", "0.1", "--label-smoothing", "0"]
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    """{'folders': root, 'shards': root}: the default tree of make-imagefolder, and its shards."""
-    top = tmp_path_factory.mktemp("imagenet")
-    made = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "make-imagefolder",
-                top / "folders"])
-    assert made.returncode == 0 and "10 classes" in made.stdout, made.stdout
-    packed = run([ROOT / ".venv/bin/python", "-m", "dpcourse.lab.data", "make-shards",
-                  top / "folders", top / "shards", "--shard-size", "50"])
-    assert packed.returncode == 0, packed.stdout
-    return {"folders": top / "folders", "shards": top / "shards"}
 
 
 def lab(nproc, *args, timeout=240, script=LAB):
@@ -184,33 +169,6 @@ def test_synthetic_images_measure_compute_alone(tmp_path):
     assert (log[-1]["data"] == "synthetic" and log[-1]["stop"] == "max_steps"
             and log[-1]["samples_per_s"] > 0)
     assert "test_accuracy" not in log[-1]
-
-
-# ------------------------------------------------------------------ on the two-node test Slurm
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", ["folders", "shards"])
-def test_imagenet_template_runs_on_two_nodes(slurm, tree, layout, tmp_path):
-    runs, local = tmp_path / "runs", tmp_path / "local"
-    t0 = time.monotonic()
-    job = slurm.sbatch(ROOT / "slurm" / "imagenet.sbatch", *localslurm.FIT,
-                       args=[*SMALL, "--epochs", "2", "--batch-size", "8",  # 4 ranks × 8
-                             *localslurm.ON_THE_CPU],
-                       timeout=300, env={"RUNS": str(runs), "IMAGENET": str(tree[layout]),
-                                         "LOCAL_DATA": str(local)})
-    seconds = time.monotonic() - t0
-    assert job.returncode == 0, job.log + job.output
-    done = read_log(runs / "log.jsonl")[-1]
-    assert (done["event"] == "done" and done["world_size"] == 4
-            and done["test_images"] == 100), job.output
-    # rank 0's last line, in the job's log
-    assert "[rank0]:step 12: top-1" in job.output, job.output
-    assert (local / images.STAGED).exists(), "the data was not staged to node-local disk"
-    # so it is left in place
-    assert f"LOCAL_DATA={local} is not a node-local folder named for this job" in job.output, \
-        job.output
-    assert (runs / "last.pt").exists()
-    print(f"imagenet.sbatch from {layout}: world size 4 on 2 nodes, "
-          f"{seconds:.1f} s from sbatch to the end")
 
 
 # ------------------------------------------------------------------ node-local copies (issue 24)

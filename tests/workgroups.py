@@ -12,6 +12,8 @@ Tests that share state run on one worker, one after the other (a *group*):
   that takes the fixture elsewhere stops the run at collection), notebook 09 (it starts its own
   cluster, whose job numbers would meet the fixture's on the same ports: slurm/env.sh derives
   MASTER_PORT from the job id), and test_dist.py (its pretend Slurm jobs use those ports too).
+  A module whose other tests do not need the cluster keeps its cluster tests in a module of their
+  own (test_horovod_slurm.py, test_imagenet_slurm.py): its other tests run on either worker.
 
 pytest-xdist's own ``loadgroup`` reads ``xdist_group`` marks by renaming each item's node id, which
 pytest 9.2 no longer lets it do; this scheduler groups from the node id alone, on the controller.
@@ -27,8 +29,8 @@ from pathlib import Path
 import pytest
 
 SLURM_MODULES = {"tests/test_slurm.py", "tests/test_slurm_templates.py", "tests/test_dist.py",
-                 "tests/test_doctor.py", "tests/test_horovod.py", "tests/test_imagenet.py",
-                 "tests/test_hub.py", "tests/test_hubspawner.py"}
+                 "tests/test_doctor.py", "tests/test_horovod_slurm.py",
+                 "tests/test_imagenet_slurm.py", "tests/test_hub.py", "tests/test_hubspawner.py"}
 NOTEBOOK = re.compile(r"solutions/(\d\d)_[^/]*\.ipynb::"  # its cells
                       # its wrong answers
                       r"|tests/test_exercises\.py::test_check_rejects_wrong_answers\[(\d\d)-"
