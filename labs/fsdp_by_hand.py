@@ -4,6 +4,7 @@ weight exists only while that layer computes.
     torchrun --standalone --nproc-per-node 2 labs/fsdp_by_hand.py         # check it
     torchrun --standalone --nproc-per-node 3 labs/fsdp_by_hand.py         # padded shards
     torchrun --standalone --nproc-per-node 2 labs/fsdp_by_hand.py --compute-dtype bfloat16
+    torchrun --standalone --nproc-per-node 2 labs/fsdp_by_hand.py --prefetch      # beyond
 
 ``shard_model(model)`` replaces every module that has weights of its own by a ``ShardedLayer``:
 
@@ -16,6 +17,12 @@ weight exists only while that layer computes.
 - in backward, the hook all-gathers it again, just before the layer's backward needs it;
 - ``Gather``'s backward reduce-scatters the whole weight's gradient: rank r gets the average over
   the ranks of piece r only, the gradient of its own shard (exercise).
+
+With --prefetch, the step beyond: a layer starts the next layer's all-gathers (``async_op=True``)
+before it computes, and the next layer waits for them instead of gathering: in forward the layer
+after, in backward the layer before, as FSDP2 does. The network works while the processor computes,
+at the price of two layers' whole weights alive at once: the check trains the model that way too,
+and prints how many numbers were whole at most, and how far its weights end from the others'.
 
 With --compute-dtype bfloat16, the pieces are cast before they are sent and the layer computes in
 bfloat16, while the shards the optimizer steps (the master weights) and the gradients' reduction
@@ -52,9 +59,9 @@ class Gather(torch.autograd.Function):
     whole weight's gradient, averaged over the ranks."""
 
     @staticmethod
-    def forward(ctx, shard, shape, dtype):
+    def forward(ctx, shard, shape, dtype, started=None):
         ctx.shard_dtype = shard.dtype
-        whole = gather_flat(shard, dtype)
+        whole = finish(started) if started else gather_flat(shard, dtype)
         return whole[:shape.numel()].view(shape)  # the padding at the end is not the weight's
 
     @staticmethod
@@ -70,14 +77,22 @@ class Gather(torch.autograd.Function):
         #       dist.reduce_scatter_single into a new tensor of per_rank numbers, then
         #       divide by world_size
         raise NotImplementedError("Exercise: see the hint above")
-        return piece, None, None  # the gradient of the shard; shape and dtype have none
+        return piece, None, None, None  # the gradient of the shard; the rest have none
 
 
-def gather_flat(shard, dtype):
-    """All the ranks' pieces, one after the other: the whole weight, flattened and padded."""
+def gather_flat(shard, dtype, async_op=False):
+    """All the ranks' pieces, one after the other: the whole weight, flattened and padded (with
+    async_op, started: (the collective's Work, the tensor it fills); finish() waits for it)."""
     piece = shard.detach().to(dtype)  # FSDP: cast before sending (bfloat16: half the bytes)
     whole = piece.new_empty(piece.numel() * dist.get_world_size())  # FSDP: room for P pieces
-    dist.all_gather_single(whole, piece)  # FSDP: every rank's piece, in rank order
+    work = dist.all_gather_single(whole, piece, async_op=async_op)  # FSDP: every rank's piece
+    return (work, whole) if async_op else whole
+
+
+def finish(started):
+    """The whole weight of a gather that started earlier (--prefetch), once it has arrived."""
+    work, whole = started
+    work.wait()  # FSDP: prefetch: by now it has usually arrived while the layer before computed
     return whole
 
 
@@ -97,16 +112,32 @@ class ShardedLayer(nn.Module):
             self.shapes[name] = p.shape
             del layer._parameters[name]  # FSDP: the whole weight is gone from the layer
         self.whole = {}  # the whole weights while the layer computes
+        # the layers that compute next, in forward and in backward (--prefetch); in a dict, which
+        # nn.Module does not register: they are not this layer's submodules
+        self.next = {"forward": None, "backward": None}
+        self.started = {}  # gathers another layer started for this one: name → (Work, tensor)
+        self.saved = set()  # the weights its backward will gather again (what pack kept)
+
+    def prefetch(self, dtype, names):
+        """Start these weights' gathers without waiting for them (called by a layer next to it)."""
+        for name in names:
+            # FSDP: prefetch: the gather runs while the layer next to this one computes
+            self.started[name] = gather_flat(self.shards[name], dtype, async_op=True)
 
     def forward(self, *inputs):
         dtype = self.dtype or next(iter(self.shards.values())).dtype
         inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+        self.saved.clear()
         # FSDP: autograd keeps, for backward, a way to gather the weight again, not the weight
         with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
             for name, shard in self.shards.items():
                 # FSDP: all-gather the whole weight just before it is needed
-                self.whole[name] = Gather.apply(shard, self.shapes[name], dtype)
+                self.whole[name] = Gather.apply(shard, self.shapes[name], dtype,
+                                                self.started.pop(name, None))
                 setattr(self.layer, name, self.whole[name])
+            after = self.next["forward"]
+            if after is not None and torch.is_grad_enabled():
+                after.prefetch(dtype, after.shards)  # FSDP: prefetch: the next layer's gathers
             out = self.layer(*inputs)
         for name in self.shards:  # FSDP: free the whole weights: nothing refers to them now
             setattr(self.layer, name, None)
@@ -118,6 +149,7 @@ class ShardedLayer(nn.Module):
         transposed matrix a linear layer saves) is kept as (its name, how to view it)."""
         for name, whole in self.whole.items():
             if saved.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr():
+                self.saved.add(name)
                 return name, saved.dtype, saved.size(), saved.stride(), saved.storage_offset()
         return saved  # an input or an activation: kept as it is
 
@@ -126,16 +158,29 @@ class ShardedLayer(nn.Module):
             return packed
         name, dtype, size, stride, offset = packed
         with torch.no_grad():  # FSDP: all-gather it again, just before this layer's backward
-            return gather_flat(self.shards[name], dtype).as_strided(size, stride, offset)
+            started = self.started.pop(name, None)
+            before = self.next["backward"]
+            if before is not None and not before.started:
+                # FSDP: prefetch: the weights the layer before needs for its backward, gathered
+                # while this layer's backward computes (only those: a bias gathered and not used
+                # would be taken, stale, by the next step's forward)
+                before.prefetch(dtype, before.saved)
+            whole = finish(started) if started else gather_flat(self.shards[name], dtype)
+            return whole.as_strided(size, stride, offset)
 
 
-def shard_model(model, compute_dtype=None):
-    """Every module with weights of its own, replaced by a ShardedLayer around it."""
+def shard_model(model, compute_dtype=None, prefetch=False):
+    """Every module with weights of its own, replaced by a ShardedLayer around it; with prefetch,
+    each one told the layers next to it (in the order the model runs them: a Sequential's)."""
     for name, child in list(model.named_children()):
         if any(True for _ in child.parameters(recurse=False)):
             setattr(model, name, ShardedLayer(child, compute_dtype))
         else:
             shard_model(child, compute_dtype)
+    if prefetch:
+        layers = [m for m in model.modules() if isinstance(m, ShardedLayer)]
+        for first, second in zip(layers, layers[1:]):
+            first.next["forward"], second.next["backward"] = second, first
     return model
 
 
@@ -193,7 +238,9 @@ def check(args):
 
     one = train(fresh(), data, args, 0, 1, args.lr).state_dict()  # one process, whole batches
     wrong = {"sum": train(fresh(), data, args, 0, 1, args.lr * world_size).state_dict()}
-    hand = train(shard_model(fresh()), data, args, rank, world_size, args.lr)
+    hand = shard_model(fresh())
+    whole_at_most = {"plain": most_whole(hand)}  # filled as it trains
+    hand = train(hand, data, args, rank, world_size, args.lr)
     all_reduced = calls_all_reduce(hand, data, args, rank, world_size)  # one more step's backward
     held = sum(p.numel() for p in hand.parameters())
     state = whole_weights(hand)
@@ -209,11 +256,21 @@ def check(args):
                           "only: on NCCL, half an all-reduce's traffic (an all-reduce is a "
                           "reduce-scatter, then an all-gather: notebook 04)")
     mixed = args.compute_dtype and mixed_precision(fresh, data, args, rank, world_size, one)
+    if args.prefetch:  # the same steps, each layer's gathers started by the layer next to it
+        ahead = shard_model(fresh(), prefetch=True)
+        whole_at_most["prefetch"] = most_whole(ahead)
+        ahead_diff = max_diff(whole_weights(train(ahead, data, args, rank, world_size, args.lr)),
+                              state)
+        prefetch = {"vs_plain": ahead_diff,
+                    "whole_at_most": {k: v[0] for k, v in whole_at_most.items()}}
+        if ok and ahead_diff != 0.0:  # the same numbers, gathered sooner: the same weights
+            ok, why = False, f"with --prefetch the weights end {ahead_diff:.1e} from without it"
     total = sum(v.numel() for v in one.values())
     log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # FSDP: rank 0 logs
     log.write("check", steps=args.steps, hand_vs_one=diffs[0].item(),
               fsdp2_vs_one=diffs[1].item(), hand_vs_fsdp2=diffs[2].item(), params=total,
-              held_by_rank0=held, tolerance=args.tolerance, ok=ok, why=why, mixed=mixed)
+              held_by_rank0=held, tolerance=args.tolerance, ok=ok, why=why, mixed=mixed,
+              prefetch=args.prefetch and prefetch)
     if rank == 0:  # FSDP: one rank prints
         print(f"{args.steps} steps of SGD, float64, {world_size} ranks, max |Δweight|:")
         print(f"  by hand vs one process  {diffs[0].item():.1e}")
@@ -223,6 +280,10 @@ def check(args):
         if mixed:
             print(f"--compute-dtype {args.compute_dtype}: max |Δweight| vs one process in "
                   f"float64 {mixed['hand']:.1e} (FSDP2 with the same policy: {mixed['fsdp2']:.1e})")
+        if args.prefetch:
+            most = prefetch["whole_at_most"]
+            print(f"--prefetch: max |Δweight| vs without it {prefetch['vs_plain']:.1e}; numbers "
+                  f"whole at once, at most: {most['prefetch']:,} (without: {most['plain']:,})")
         print("ok" if ok else f"WRONG — {why}")
     return ok
 
@@ -241,6 +302,23 @@ def calls_all_reduce(model, data, args, rank, world_size):
         dist.all_reduce = real
     model.zero_grad()
     return bool(seen)
+
+
+def most_whole(model):
+    """[the most weight numbers whole at once while a layer computes], filled as the model runs:
+    this layer's whole weights, and the gathers it started for the next (--prefetch)."""
+    most = [0]
+
+    def count(sharded):
+        after = sharded.next["forward"]
+        started = after.started.values() if after else ()
+        held = sum(w.numel() for w in sharded.whole.values()) + sum(t.numel() for _, t in started)
+        most[0] = max(most[0], held)
+
+    for module in model.modules():
+        if isinstance(module, ShardedLayer):
+            module.layer.register_forward_pre_hook(lambda _, __, m=module: count(m))
+    return most
 
 
 def fsdp2_weights(model, data, args, rank, world_size, policy=None):
@@ -309,6 +387,8 @@ if __name__ == "__main__":
     # more away after the default 4 steps.
     parser.add_argument("--tolerance", type=float, default=1e-10,
                         help="the largest max |Δweight| vs one process that passes")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="also train with each layer's gathers started by the layer next to it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-root", default=None, help="the folder that holds FashionMNIST/")
     parser.add_argument("--backend", default="gloo", choices=["gloo"],
