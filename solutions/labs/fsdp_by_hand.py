@@ -18,11 +18,11 @@ weight exists only while that layer computes.
 - ``Gather``'s backward reduce-scatters the whole weight's gradient: rank r gets the average over
   the ranks of piece r only, the gradient of its own shard (exercise).
 
-With --prefetch, the step beyond: a layer starts the next layer's all-gathers (``async_op=True``)
-before it computes, and the next layer waits for them instead of gathering: in forward the layer
-after, in backward the layer before, as FSDP2 does. The network works while the processor computes,
-at the price of two layers' whole weights alive at once: the check trains the model that way too,
-and prints how many numbers were whole at most, and how far its weights end from the others'.
+With --prefetch, the step beyond: in forward, a layer starts the next layer's all-gathers
+(``async_op=True``) before it computes, and the next layer waits for them instead of gathering.
+The network works while the processor computes, at the price of two layers' whole weights alive at
+once. (FSDP2 does the same in backward, for the layer before.) The check trains the model that way
+too, and prints how many numbers were whole at most, and how far its weights end from the others'.
 
 With --compute-dtype bfloat16, the pieces are cast before they are sent and the layer computes in
 bfloat16, while the shards the optimizer steps (the master weights) and the gradients' reduction
@@ -61,7 +61,7 @@ class Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard, shape, dtype, started=None):
         ctx.shard_dtype = shard.dtype
-        whole = finish(started) if started else gather_flat(shard, dtype)
+        whole = finish(started, shard, dtype)
         return whole[:shape.numel()].view(shape)  # the padding at the end is not the weight's
 
     @staticmethod
@@ -80,18 +80,25 @@ class Gather(torch.autograd.Function):
 
 def gather_flat(shard, dtype, async_op=False):
     """All the ranks' pieces, one after the other: the whole weight, flattened and padded (with
-    async_op, started: (the collective's Work, the tensor it fills); finish() waits for it)."""
-    piece = shard.detach().to(dtype)  # FSDP: cast before sending (bfloat16: half the bytes)
+    async_op, started: (the collective's Work, the tensor it fills))."""
+    # FSDP: cast before sending (bfloat16: half the bytes); a copy when the gather runs on while
+    # the program goes on: the optimizer may change the shard before gloo has read it
+    piece = shard.detach().to(dtype, copy=async_op)
     whole = piece.new_empty(piece.numel() * dist.get_world_size())  # FSDP: room for P pieces
     work = dist.all_gather_single(whole, piece, async_op=async_op)  # FSDP: every rank's piece
     return (work, whole) if async_op else whole
 
 
-def finish(started):
-    """The whole weight of a gather that started earlier (--prefetch), once it has arrived."""
-    work, whole = started
-    work.wait()  # FSDP: prefetch: by now it has usually arrived while the layer before computed
-    return whole
+def finish(started, shard, dtype):
+    """The whole weight: from a gather started earlier (--prefetch, or None), once it has
+    arrived; gathered now if none was started, or if the optimizer has changed the shard since
+    (a gather that no layer took in time: its numbers are the step before's)."""
+    if started is not None:
+        work, whole, version = started
+        work.wait()  # FSDP: prefetch: it has usually arrived while the layer before computed
+        if version == shard._version:  # the shard as it was sent: not stepped since
+            return whole
+    return gather_flat(shard, dtype)
 
 
 class ShardedLayer(nn.Module):
@@ -110,22 +117,24 @@ class ShardedLayer(nn.Module):
             self.shapes[name] = p.shape
             del layer._parameters[name]  # FSDP: the whole weight is gone from the layer
         self.whole = {}  # the whole weights while the layer computes
-        # the layers that compute next, in forward and in backward (--prefetch); in a dict, which
-        # nn.Module does not register: they are not this layer's submodules
-        self.next = {"forward": None, "backward": None}
-        self.started = {}  # gathers another layer started for this one: name → (Work, tensor)
-        self.saved = set()  # the weights its backward will gather again (what pack kept)
+        # the layer that computes next in forward, if it is prefetched (--prefetch): in a tuple,
+        # which nn.Module does not register (it is not this layer's submodule)
+        self.after = ()
+        # gathers the layer before started for this one: name → (Work, tensor, the shard's version)
+        self.started = {}
 
-    def prefetch(self, dtype, names):
-        """Start these weights' gathers without waiting for them (called by a layer next to it)."""
-        for name in names:
-            # FSDP: prefetch: the gather runs while the layer next to this one computes
-            self.started[name] = gather_flat(self.shards[name], dtype, async_op=True)
+    def prefetch(self):
+        """Start this layer's gathers without waiting for them (called by the layer before)."""
+        for name, shard in self.shards.items():
+            if name in self.started:  # one started earlier that this layer never took: let it
+                self.started.pop(name)[0].wait()  # land before its tensor is dropped
+            # FSDP: prefetch: the gather runs while the layer before this one computes
+            work, whole = gather_flat(shard, self.dtype or shard.dtype, async_op=True)
+            self.started[name] = work, whole, shard._version
 
     def forward(self, *inputs):
         dtype = self.dtype or next(iter(self.shards.values())).dtype
         inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
-        self.saved.clear()
         # FSDP: autograd keeps, for backward, a way to gather the weight again, not the weight
         with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
             for name, shard in self.shards.items():
@@ -133,9 +142,8 @@ class ShardedLayer(nn.Module):
                 self.whole[name] = Gather.apply(shard, self.shapes[name], dtype,
                                                 self.started.pop(name, None))
                 setattr(self.layer, name, self.whole[name])
-            after = self.next["forward"]
-            if after is not None and torch.is_grad_enabled():
-                after.prefetch(dtype, after.shards)  # FSDP: prefetch: the next layer's gathers
+            for after in self.after:
+                after.prefetch()  # FSDP: prefetch: the next layer's gathers start now
             out = self.layer(*inputs)
         for name in self.shards:  # FSDP: free the whole weights: nothing refers to them now
             setattr(self.layer, name, None)
@@ -147,7 +155,6 @@ class ShardedLayer(nn.Module):
         transposed matrix a linear layer saves) is kept as (its name, how to view it)."""
         for name, whole in self.whole.items():
             if saved.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr():
-                self.saved.add(name)
                 return name, saved.dtype, saved.size(), saved.stride(), saved.storage_offset()
         return saved  # an input or an activation: kept as it is
 
@@ -156,20 +163,12 @@ class ShardedLayer(nn.Module):
             return packed
         name, dtype, size, stride, offset = packed
         with torch.no_grad():  # FSDP: all-gather it again, just before this layer's backward
-            started = self.started.pop(name, None)
-            before = self.next["backward"]
-            if before is not None and not before.started:
-                # FSDP: prefetch: the weights the layer before needs for its backward, gathered
-                # while this layer's backward computes (only those: a bias gathered and not used
-                # would be taken, stale, by the next step's forward)
-                before.prefetch(dtype, before.saved)
-            whole = finish(started) if started else gather_flat(self.shards[name], dtype)
-            return whole.as_strided(size, stride, offset)
+            return gather_flat(self.shards[name], dtype).as_strided(size, stride, offset)
 
 
 def shard_model(model, compute_dtype=None, prefetch=False):
     """Every module with weights of its own, replaced by a ShardedLayer around it; with prefetch,
-    each one told the layers next to it (in the order the model runs them: a Sequential's)."""
+    each one told the layer that computes after it (in a Sequential, the next one registered)."""
     for name, child in list(model.named_children()):
         if any(True for _ in child.parameters(recurse=False)):
             setattr(model, name, ShardedLayer(child, compute_dtype))
@@ -178,7 +177,7 @@ def shard_model(model, compute_dtype=None, prefetch=False):
     if prefetch:
         layers = [m for m in model.modules() if isinstance(m, ShardedLayer)]
         for first, second in zip(layers, layers[1:]):
-            first.next["forward"], second.next["backward"] = second, first
+            first.after = (second,)
     return model
 
 
@@ -254,7 +253,7 @@ def check(args):
                           "only: on NCCL, half an all-reduce's traffic (an all-reduce is a "
                           "reduce-scatter, then an all-gather: notebook 04)")
     mixed = args.compute_dtype and mixed_precision(fresh, data, args, rank, world_size, one)
-    if args.prefetch:  # the same steps, each layer's gathers started by the layer next to it
+    if args.prefetch:  # the same steps, each layer's gathers started by the layer before it
         ahead = shard_model(fresh(), prefetch=True)
         whole_at_most["prefetch"] = most_whole(ahead)
         ahead_diff = max_diff(whole_weights(train(ahead, data, args, rank, world_size, args.lr)),
@@ -280,8 +279,9 @@ def check(args):
                   f"float64 {mixed['hand']:.1e} (FSDP2 with the same policy: {mixed['fsdp2']:.1e})")
         if args.prefetch:
             most = prefetch["whole_at_most"]
-            print(f"--prefetch: max |Δweight| vs without it {prefetch['vs_plain']:.1e}; numbers "
-                  f"whole at once, at most: {most['prefetch']:,} (without: {most['plain']:,})")
+            print(f"--prefetch: max |Δweight| vs without it {prefetch['vs_plain']:.1e}; weight "
+                  f"numbers whole at once in a forward, at most: {most['prefetch']:,} (without: "
+                  f"{most['plain']:,})")
         print("ok" if ok else f"WRONG — {why}")
     return ok
 
@@ -303,15 +303,14 @@ def calls_all_reduce(model, data, args, rank, world_size):
 
 
 def most_whole(model):
-    """[the most weight numbers whole at once while a layer computes], filled as the model runs:
-    this layer's whole weights, and the gathers it started for the next (--prefetch)."""
+    """[the most weight numbers whole at once while a layer computes its forward], filled as the
+    model runs: this layer's whole weights, and those it started gathering for the next
+    (--prefetch); padding not counted."""
     most = [0]
 
     def count(sharded):
-        after = sharded.next["forward"]
-        started = after.started.values() if after else ()
-        held = sum(w.numel() for w in sharded.whole.values()) + sum(t.numel() for _, t in started)
-        most[0] = max(most[0], held)
+        coming = [after.shapes[name].numel() for after in sharded.after for name in after.started]
+        most[0] = max(most[0], sum(w.numel() for w in sharded.whole.values()) + sum(coming))
 
     for module in model.modules():
         if isinstance(module, ShardedLayer):
@@ -386,7 +385,8 @@ if __name__ == "__main__":
     parser.add_argument("--tolerance", type=float, default=1e-10,
                         help="the largest max |Δweight| vs one process that passes")
     parser.add_argument("--prefetch", action="store_true",
-                        help="also train with each layer's gathers started by the layer next to it")
+                        help="also train (in float64) with each layer's gathers started by the "
+                             "layer before it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-root", default=None, help="the folder that holds FashionMNIST/")
     parser.add_argument("--backend", default="gloo", choices=["gloo"],
