@@ -3,9 +3,10 @@
 The process group around me (``world``; ``whoami``, ``rendezvous`` and ``explain`` below it), the
 data (``data``, ``fashion_tensors``, ``images``, ``paths``), the models, optimizers and options,
 the run log (``metrics``), checkpoints and stopping (``training``, ``preemption``), AllReduce over
-send/recv (``allreduce``), the graders of ``ddp_by_hand.py`` (``checks``), the one error a learner
-sees (``errors``), the launchers' own entry points (``torchrun``, ``horovodrun``). Imports only
-``dpcourse.lab``: the lab runtime is the bottom layer (tests/test_layout.py).
+send/recv (``allreduce``), a slower link emulated (``links``), the graders of ``ddp_by_hand.py``
+(``checks``), the one error a learner sees (``errors``), the launchers' own entry points
+(``torchrun``, ``horovodrun``). Imports only ``dpcourse.lab``: the lab runtime is the bottom layer
+(tests/test_layout.py).
 """
 import atexit
 import gc

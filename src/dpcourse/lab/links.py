@@ -1,0 +1,109 @@
+"""A slower network than this machine's, emulated: every collective a run makes waits, after the
+real one, for what the chosen link would add by the α-β model (notebook 04): α seconds per message
+and β seconds per byte, per direction.
+
+What it emulates: the latency and the bandwidth of one link, shared by the transfers of one
+process, one after the other. What it does not: contention between links or between ranks, the
+topology (a switch, nodes of several GPUs), NCCL's channels and protocols, a link *faster* than
+this machine's own (it can only add time: the real transfer is still made, and paid, first).
+
+    link = EmulatedLink(PRESETS["wan"], world_size)
+    ddp.register_comm_hook(None, link.hook())  # DDP's gradient all-reduce pays the link
+    dist.all_reduce(t); link.wait("all_reduce", t)  # an explicit collective pays it too
+
+The numbers a run computes do not change: only when each collective returns.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from dpcourse.lab import allreduce
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link: ``alpha`` seconds per message, ``bandwidth`` bytes per second per direction;
+    ``source``: where the figures come from."""
+    name: str
+    alpha: float
+    bandwidth: float
+    source: str
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte."""
+        return 1.0 / self.bandwidth
+
+
+# 1 Gb/s = 0.125 GB/s. The bandwidths are per direction.
+PRESETS = {
+    "wan": Link("wide-area link between data centres, 1 Gb/s, 30 ms", 30e-3, 0.125e9,
+                "a point inside the range Yuan et al. measured across AWS regions: 'the delay is "
+                "10-70 ms and the bandwidth is 1.0-1.3 Gbps' (Decentralized Training of Foundation "
+                "Models in Heterogeneous Environments, NeurIPS 2022, arXiv 2206.01288)"),
+    "1gbe": Link("1 Gb Ethernet", 50e-6, 0.125e9,
+                 "1 Gb/s by definition; the latency is an assumption of the course (TCP over "
+                 "commodity Ethernet: tens of microseconds one way)"),
+}
+
+
+class EmulatedLink:
+    """Makes this process's collectives pay ``link`` on ``world_size`` ranks, and counts the
+    bytes each kind of collective carried. The link is one resource: a transfer starts when the
+    one before it on this process has finished, so that buckets all-reduced at once (DDP's, on
+    the backend's several threads) queue as they would on one wire."""
+
+    def __init__(self, link: Link, world_size: int):
+        self.link, self.world_size = link, world_size
+        self.bytes: Counter[str] = Counter()  # bytes handed to each kind of collective
+        self.added = 0.0  # seconds the link added, in all
+        self._free_at = 0.0  # when the link is done with what it was given
+        self._lock = threading.Lock()
+
+    def seconds(self, op: str, nbytes: int) -> float:
+        """What ``op`` on ``nbytes`` costs on the link (ring algorithms, as NCCL's and gloo's):
+        all_reduce 2(P−1)α + 2(P−1)/P·nβ; all_gather, reduce_scatter (n: the whole tensor)
+        (P−1)α + (P−1)/P·nβ; broadcast ⌈log₂P⌉(α + nβ) (a binomial tree); send α + nβ."""
+        P, a, b = self.world_size, self.link.alpha, self.link.beta
+        if op == "send":
+            return a + nbytes * b
+        if P == 1:
+            return 0.0
+        if op == "all_reduce":
+            return allreduce.cost("ring", P, nbytes, a, b, itemsize=1)
+        if op in ("all_gather", "reduce_scatter"):
+            return (P - 1) * a + (P - 1) / P * nbytes * b
+        if op == "broadcast":
+            return math.ceil(math.log2(P)) * (a + nbytes * b)
+        raise ValueError(f"no model for {op!r}: all_reduce, all_gather, reduce_scatter, "
+                         "broadcast or send")
+
+    def wait(self, op: str, tensor_or_bytes: torch.Tensor | int) -> float:
+        """Wait until the link has carried ``op`` on this tensor (or that many bytes), queued
+        behind what it carries already; the seconds it added."""
+        nbytes = (tensor_or_bytes if isinstance(tensor_or_bytes, int)
+                  else tensor_or_bytes.numel() * tensor_or_bytes.element_size())
+        cost = self.seconds(op, nbytes)
+        with self._lock:
+            self._free_at = max(time.perf_counter(), self._free_at) + cost
+            done = self._free_at
+            self.bytes[op] += nbytes
+            self.added += cost
+        time.sleep(max(0.0, done - time.perf_counter()))
+        return cost
+
+    def hook(self, inner=default_hooks.allreduce_hook):
+        """A DDP communication hook: ``inner`` (DDP's own all-reduce by default), then the link's
+        time for the bucket. Register it with ``ddp.register_comm_hook(state, link.hook())``."""
+        def emulated(state, bucket):
+            nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+            return inner(state, bucket).then(
+                lambda fut: (self.wait("all_reduce", nbytes), fut.value())[1])
+        return emulated
