@@ -44,10 +44,12 @@ class Link:
 
 # 1 Gb/s = 0.125 GB/s. The bandwidths are per direction.
 PRESETS = {
-    "wan": Link("wide-area link between data centres, 1 Gb/s, 30 ms", 30e-3, 0.125e9,
-                "a point inside the range Yuan et al. measured across AWS regions: 'the delay is "
-                "10-70 ms and the bandwidth is 1.0-1.3 Gbps' (Decentralized Training of Foundation "
-                "Models in Heterogeneous Environments, NeurIPS 2022, arXiv 2206.01288)"),
+    "wan": Link("wide-area link between data centres, 1 Gb/s, 30 ms one way", 30e-3, 0.125e9,
+                "a round trip of 60 ms, inside the range Yuan et al. measured between AWS regions: "
+                "'the delay is 10-70 ms and the bandwidth is 1.0-1.3 Gbps' (Decentralized "
+                "Training of Foundation Models in Heterogeneous Environments, NeurIPS 2022, "
+                "arXiv 2206.01288; their delay is ping's round trip: 'Delay is tested by ping', "
+                "github.com/BinhangYuan/tc_cluster_setting)"),
     "1gbe": Link("1 Gb Ethernet", 50e-6, 0.125e9,
                  "1 Gb/s by definition; the latency is an assumption of the course (TCP over "
                  "commodity Ethernet: tens of microseconds one way)"),
