@@ -222,9 +222,12 @@ def test_room_demo_starts_a_room_and_stops_only_what_it_started(proxy, slurm):
         _missing("make room-demo runs as root, with setfacl (apt-get install acl)")
     before = {p: hub.unreachable([p], "nobody") for p in hub.course_paths(ROOT)}
     port = free_port()
+    # started ignoring SIGINT, as a background job of a shell without job control starts: the
+    # demo hears Ctrl-C all the same (it installs Python's handler itself)
     demo = subprocess.Popen([sys.executable, "-m", "dpcourse.cluster.hub", "demo", "--learners",
                              "2", f"--port={port}"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     out, accounts = [], {}
     try:
         for line in demo.stdout:

@@ -310,9 +310,12 @@ def test_the_kept_demo_cluster_takes_the_commands_it_prints_and_stops_on_ctrl_c(
 
     said = tmp_path / "demo.out"
     with open(said, "w") as out:
+        # started ignoring SIGINT (a background job of a shell without job control): Ctrl-C
+        # still stops it
         demo = subprocess.Popen([sys.executable, "-m", "dpcourse.cluster.slurm", "demo", "--keep"],
                                 cwd=ROOT, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     jobs = []
     try:
         # a cap that ends only a hang: the cluster is up in seconds

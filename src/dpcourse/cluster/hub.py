@@ -462,6 +462,9 @@ def demo(learners: int = 3, port: int = 8000) -> int:
     what the demo started."""
     from dpcourse.cluster import localslurm
 
+    # Ctrl-C is how it stops: heard even where it was started ignoring SIGINT (a background job
+    # of a shell without job control), as localslurm.demo does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.geteuid() != 0:
         print("make room-demo runs as root: it starts Slurm and adds local accounts "
               "(sudo make room-demo)", file=sys.stderr)

@@ -595,6 +595,9 @@ def demo(lab_args=(), save: Path | None = None, keep: bool = False) -> int:
     ``save``: a folder for the job's output (job.out), rank 0's log.jsonl and the command.
     ``keep`` (`make slurm-demo KEEP=1`): no job; the cluster stays up, for your own sbatch, squeue,
     srun and tail -f in another shell, until Ctrl-C (or SIGTERM) here."""
+    # Ctrl-C is how it stops: heard even where it was started ignoring SIGINT (a job started in
+    # the background by a shell without job control inherits SIGINT ignored, and so would this)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if why := unavailable():
         print(f"The local Slurm cluster cannot start here: {why}.")
         return 1
