@@ -3,11 +3,11 @@
 
     torchrun --standalone --nproc-per-node 2 tests/helpers/link_probe.py
 
-Prints one JSON object: for each preset probed, a ping-pong's one-way times over message sizes
-with the link emulated (rank 1 waits for the link after each receive, rank 0 after each) and
-without, and α, β fitted from each; and a DDP run of a few steps with the link's comm hook
-against one without: the largest weight difference, the seconds the link added and the bytes
-it counted.
+Prints one JSON object: for each preset probed, ping-pongs over message sizes without the link
+and with it (rank 1 waits for the link after each receive, rank 0 after each), in pairs, and α,
+β fitted from what the link added to each pair and from the machine's own times; and a DDP
+run of a few steps with the link's comm hook against one without: the largest weight
+difference, the seconds the link added and the bytes it counted.
 """
 import json
 import statistics
@@ -24,31 +24,41 @@ rank, P = dist.get_rank(), dist.get_world_size()
 SIZES = [8, 64, 512, 2**22, 2**23, 2**24]
 
 
-def ping_pong(nbytes, link=None, repeats=3):
+def ping_pong(nbytes, link=None):
+    """One round trip of ``nbytes`` from rank 0 to rank 1 and back; half its seconds."""
     t = torch.zeros(nbytes // 4 or 1)
-    times = []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        start = time.perf_counter()
-        if rank == 0:
-            dist.send(t, 1)
-            dist.recv(t, 1)
-            link and link.wait("send", nbytes)
-        else:
-            dist.recv(t, 0)
-            link and link.wait("send", nbytes)
-            dist.send(t, 0)
-        times.append((time.perf_counter() - start) / 2)
-    return statistics.median(times[1:])
+    dist.barrier()
+    start = time.perf_counter()
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+        link and link.wait("send", nbytes)
+    else:
+        dist.recv(t, 0)
+        link and link.wait("send", nbytes)
+        dist.send(t, 0)
+    return (time.perf_counter() - start) / 2
+
+
+def paired(nbytes, link, repeats=5):
+    """Without the link and with it, one after the other, ``repeats`` times (after one of each to
+    warm up): the median time alone and the median of what the link added to each pair. Paired,
+    a load that slows the machine for a while slows both halves of a pair alike."""
+    alone, added = [], []
+    for i in range(repeats + 1):
+        plain, slow = ping_pong(nbytes), ping_pong(nbytes, link)
+        if i:
+            alone.append(plain)
+            added.append(slow - plain)
+    return statistics.median(alone), statistics.median(added)
 
 
 out = {}
 for name in ("wan", "1gbe"):
     link = links.EmulatedLink(links.PRESETS[name], P)
-    with_link = [ping_pong(n, link) for n in SIZES]
-    alone = [ping_pong(n) for n in SIZES]
+    alone, added = zip(*(paired(n, link) for n in SIZES))
     out[name] = {"set": [link.link.alpha, link.link.beta],
-                 "fit": allreduce.fit_alpha_beta(SIZES, with_link, small=512, large=2**23),
+                 "added": allreduce.fit_alpha_beta(SIZES, added, small=512, large=2**23),
                  "machine": allreduce.fit_alpha_beta(SIZES, alone, small=512, large=2**23)}
 
 
