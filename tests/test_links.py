@@ -27,9 +27,22 @@ def test_a_collective_costs_what_the_alpha_beta_model_says(op, P, seconds):
         assert seconds == pytest.approx(allreduce.cost("ring", P, 1000, 1e-3, 1e-6, itemsize=1))
 
 
+@pytest.mark.parametrize("op, P, sent", [
+    ("send", 4, 1000), ("all_reduce", 2, 1000), ("all_reduce", 4, 1500),
+    ("all_gather", 4, 750), ("broadcast", 4, 2000), ("all_reduce", 1, 0)])
+def test_the_bytes_a_rank_sends_are_the_beta_term_of_its_cost(op, P, sent):
+    link = EmulatedLink(LINK, P)
+    assert link.sent(op, 1000) == pytest.approx(sent)
+    assert link.seconds(op, 2000) - link.seconds(op, 1000) == pytest.approx(sent * LINK.beta)
+    link.wait(op, 1000)
+    assert link.bytes == {op: sent} if sent else link.bytes[op] == 0
+
+
 def test_an_unknown_collective_is_refused_by_name():
     with pytest.raises(ValueError, match="no model for 'all_to_all'"):
         EmulatedLink(LINK, 2).seconds("all_to_all", 8)
+    with pytest.raises(ValueError, match="no model for 'all_to_all'"):
+        EmulatedLink(LINK, 2).sent("all_to_all", 8)
 
 
 def test_every_preset_says_where_its_figures_come_from():

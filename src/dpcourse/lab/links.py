@@ -55,6 +55,18 @@ PRESETS = {
                  "commodity Ethernet: tens of microseconds one way)"),
 }
 
+# No link emulated: nothing is added, the bytes are still counted.
+NONE = Link("none: this machine's own", 0.0, math.inf, "nothing emulated")
+
+
+def link(name: str) -> Link:
+    """The preset called ``name``, or NONE for "none"."""
+    if name == "none":
+        return NONE
+    if name not in PRESETS:
+        raise ValueError(f"no link called {name!r}: none, {', '.join(PRESETS)}")
+    return PRESETS[name]
+
 
 class EmulatedLink:
     """Makes this process's collectives pay ``link`` on ``world_size`` ranks, and counts the
@@ -64,7 +76,7 @@ class EmulatedLink:
 
     def __init__(self, link: Link, world_size: int):
         self.link, self.world_size = link, world_size
-        self.bytes: Counter[str] = Counter()  # bytes handed to each kind of collective
+        self.bytes: Counter[str] = Counter()  # bytes this rank sent, by kind of collective
         self.added = 0.0  # seconds the link added, in all
         self._free_at = 0.0  # when the link is done with what it was given
         self._lock = threading.Lock()
@@ -87,6 +99,17 @@ class EmulatedLink:
         raise ValueError(f"no model for {op!r}: all_reduce, all_gather, reduce_scatter, "
                          "broadcast or send")
 
+    def sent(self, op: str, nbytes: int) -> float:
+        """The bytes this rank sends for ``op`` on ``nbytes`` (the model's β term, over β): ring
+        all_reduce 2(P−1)/P·n; all_gather, reduce_scatter (P−1)/P·n (n: the whole tensor);
+        broadcast ⌈log₂P⌉·n; send n."""
+        P = self.world_size
+        factor = {"send": 1, "all_reduce": 2 * (P - 1) / P, "all_gather": (P - 1) / P,
+                  "reduce_scatter": (P - 1) / P, "broadcast": math.ceil(math.log2(P))}
+        if op not in factor:
+            self.seconds(op, nbytes)  # says which collectives have a model
+        return factor[op] * nbytes
+
     def wait(self, op: str, tensor_or_bytes: torch.Tensor | int) -> float:
         """Wait until the link has carried ``op`` on this tensor (or that many bytes), queued
         behind what it carries already; the seconds it added."""
@@ -96,9 +119,10 @@ class EmulatedLink:
         with self._lock:
             self._free_at = max(time.perf_counter(), self._free_at) + cost
             done = self._free_at
-            self.bytes[op] += nbytes
+            self.bytes[op] += round(self.sent(op, nbytes))
             self.added += cost
-        time.sleep(max(0.0, done - time.perf_counter()))
+        if cost:
+            time.sleep(max(0.0, done - time.perf_counter()))
         return cost
 
     def hook(self, inner=default_hooks.allreduce_hook):
