@@ -38,6 +38,14 @@ def test_the_bytes_a_rank_sends_are_the_beta_term_of_its_cost(op, P, sent):
     assert link.bytes == {op: sent} if sent else link.bytes[op] == 0
 
 
+def test_off_the_link_a_collective_pays_nothing_and_is_not_counted():
+    link = EmulatedLink(LINK, 2)
+    with link.off():
+        assert link.wait("all_reduce", 10**6) == 0.0
+    assert link.added == 0.0 and not link.bytes
+    assert link.wait("all_reduce", 8) > 0 and link.bytes == {"all_reduce": 8}
+
+
 def test_an_unknown_collective_is_refused_by_name():
     with pytest.raises(ValueError, match="no model for 'all_to_all'"):
         EmulatedLink(LINK, 2).seconds("all_to_all", 8)

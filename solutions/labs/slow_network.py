@@ -18,27 +18,33 @@ nothing added), and the link counts the bytes of each: DDP's gradient buckets th
 communication hook, the test's all-reduce through link.wait.
 
     --compress none   DDP's own all-reduce of each bucket (4 bytes a gradient)
-    --compress topk   each rank sends the --ratio largest |entries| of each bucket, values and
-                      indices (8 bytes each), all-gathered: the ranks pick different entries
-    --compress sign   each rank sends one bit per entry, its sign, and one scale: the mean |entry|
-                      (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, EF-SignSGD)
+    --compress topk   each rank sends the --ratio largest |entries| of each bucket, values
+                      (4 bytes) and indices (8), all-gathered: the ranks pick different entries
+    --compress sign   each rank sends one bit per entry, its sign, and one scale per parameter
+                      tensor, its mean |entry| (Seide et al. 2014, "1-Bit Stochastic Gradient
+                      Descent ..."; Karimireddy et al. 2019, "Error Feedback Fixes SignSGD ...")
 
 Both keep, on each rank, what they did not send (the residual) and add it to the next step's
-gradient: error feedback. Without it (--no-error-feedback) the small entries are never sent
-and sign's scale is wrong in every step: Karimireddy et al. show that signSGD without it can
-fail to converge. The first step sends everything (as torch's PowerSGD does before
-start_powerSGD_iter): DDP rebuilds its buckets after it, and the residuals are kept per bucket.
+gradient: error feedback. Without it (--no-error-feedback) what a step does not send is lost.
+SGD without momentum by default: error feedback as Karimireddy et al. analyse it (with momentum,
+Lin et al. 2018, "Deep Gradient Compression", keep the residual of the velocity instead: their
+momentum correction). The first step sends everything (as
+torch's PowerSGD does before start_powerSGD_iter): DDP rebuilds its buckets after it, and the
+residuals are kept per bucket.
 
---bench measures the planner's inputs instead of training: a step's forward and backward alone
-(under no_sync: no communication), the optimizer's step, and DDP's buckets (bytes each).
+--bench measures instead of training: in turns, forward and backward alone (under no_sync: no
+communication), a whole step on this machine's own network and one over the link; the medians
+of each and of the optimizer's step, and DDP's buckets (bytes each): the planner's inputs
+(dpcourse/lab/planner.py) and the step it must predict.
 
 Rank 0 prints and logs (--log-json, event "done"): ms per step (median, the first two steps
-left out), the bytes each rank handed each kind of collective per step, the seconds the link
+left out), the bytes each rank sent per step by each kind of collective, the seconds the link
 added, the train loss of the last steps, the test accuracy on 10,000 images and the largest
 weight difference between the replicas. Lines there because of distribution: `# DDP:`; because
 of the slow network: `# LINK:`.
 """
 import argparse
+import itertools
 import statistics
 import time
 from datetime import timedelta
@@ -189,32 +195,43 @@ def evaluate(model, test_set, link, rank, world_size):
     return (totals[0] / totals[1]).item()
 
 
-def bench(model, opt, batches, train_set, steps):
-    """Median seconds of forward and backward alone (no communication) and of the optimizer's
-    step; the bytes of each of DDP's buckets, in the order backward fills them."""
-    sizes = {}
+def bench(model, opt, batches, train_set, link, steps, sizes):
+    """The planner's inputs, and what to check its prediction against, measured in turns so
+    that a load on the machine slows each alike: forward and backward alone (under no_sync: no
+    communication), a whole step on this machine's own network, and one over the link; their
+    medians and the optimizer's. ``sizes``: filled by the hook, bucket by bucket."""
+    times = {"compute_s": [], "update_s": [], "here_s": [], "step_s": []}
 
-    def recording(state, bucket):  # the bucket's size noted, then the usual all-reduce
-        sizes[bucket.index()] = bucket.buffer().numel() * bucket.buffer().element_size()
-        return default_hooks.allreduce_hook(state, bucket)
-
-    model.register_comm_hook(None, recording)
-    compute, update = [], []
-    for step, idx in zip(range(steps + 2), batches):
-        x, y = train_set[idx]
+    def timed_step(x, y, key):
         start = time.perf_counter()
-        if step < 2:  # DDP: two steps that communicate: the buckets, rebuilt after the first
-            F.cross_entropy(model(x), y).backward()
-        else:
-            with model.no_sync():  # DDP: no all-reduce: the compute alone
-                F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x), y).backward()  # DDP: the hook sends each bucket
         middle = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        compute.append(middle - start)
-        update.append(time.perf_counter() - middle)
-    return (statistics.median(compute[2:]), statistics.median(update[2:]),
-            [sizes[i] for i in sorted(sizes)])
+        times[key].append(time.perf_counter() - start)
+        times["update_s"].append(time.perf_counter() - middle)
+
+    for idx in itertools.islice(batches, steps + 2):
+        x, y = train_set[idx]
+        start = time.perf_counter()
+        with model.no_sync():  # DDP: no all-reduce: the compute alone
+            F.cross_entropy(model(x), y).backward()
+        times["compute_s"].append(time.perf_counter() - start)
+        opt.zero_grad(set_to_none=True)
+        with link.off():  # LINK: the same step over this machine's own network
+            timed_step(x, y, "here_s")
+        timed_step(x, y, "step_s")
+    # the first two of each left out: warm-up, and DDP's buckets rebuilt after the first step
+    return {**{k: statistics.median(v[2 * (k == "update_s") + 2:]) for k, v in times.items()},
+            "bucket_bytes": [sizes[i] for i in sorted(sizes)]}
+
+
+def noting_sizes(hook, sizes):
+    """``hook``, after it notes each bucket's bytes in ``sizes`` (for --bench)."""
+    def noted(state, bucket):
+        sizes[bucket.index()] = bucket.buffer().numel() * bucket.buffer().element_size()
+        return hook(state, bucket)
+    return noted
 
 
 def main(args):
@@ -237,23 +254,24 @@ def main(args):
             for idx in BatchSampler(sampler, args.batch_size, drop_last=True):
                 yield torch.as_tensor(idx, device=dev)
 
-    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0
-    if args.bench:
-        compute, update, buckets = bench(model, opt, batches(), train_set, args.steps)
-        result = {"compute_s": round(compute, 6), "update_s": round(update, 6),
-                  "bucket_bytes": buckets}
-        if rank == 0:  # DDP: one rank reports
-            print(", ".join(f"{k} {v}" for k, v in result.items()), flush=True)
-        log.write("bench", link=args.link, width=args.width, batch_size=args.batch_size, **result)
-        return cleanup()
-
     if args.compress == "none":
         state, hook = None, link.hook()  # LINK: DDP's all-reduce of each bucket, then the link
     else:
         kind = {"topk": lambda *a: TopK(*a, args.ratio), "sign": Sign}[args.compress]
         # DDP: the ranks that send, and average
         state, hook = kind(link, world_size, not args.no_error_feedback), send_less_hook
-    model.register_comm_hook(state, hook)  # DDP: what DDP does with each bucket of gradients
+    sizes = {}  # bucket index -> bytes (--bench)
+    # DDP: what DDP does with each bucket of gradients
+    model.register_comm_hook(state, noting_sizes(hook, sizes) if args.bench else hook)
+
+    log = JsonLog(args.log_json if rank == 0 else None, world_size=world_size)  # DDP: rank 0
+    if args.bench:
+        result = bench(model, opt, batches(), train_set, link, args.steps, sizes)
+        if rank == 0:  # DDP: one rank reports
+            print(", ".join(f"{k} {v}" for k, v in result.items()), flush=True)
+        log.write("bench", link=args.link, compress=args.compress, width=args.width,
+                  batch_size=args.batch_size, bucket_cap_mb=args.bucket_cap_mb, **result)
+        return cleanup()
 
     seconds, losses = [], []
     for step, idx in zip(range(args.steps), batches()):

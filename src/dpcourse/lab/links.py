@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,7 @@ class EmulatedLink:
         self.added = 0.0  # seconds the link added, in all
         self._free_at = 0.0  # when the link is done with what it was given
         self._lock = threading.Lock()
+        self._off = False  # inside off(): nothing added, nothing counted
 
     def seconds(self, op: str, nbytes: int) -> float:
         """What ``op`` on ``nbytes`` costs on the link (ring algorithms, as NCCL's and gloo's):
@@ -115,6 +117,8 @@ class EmulatedLink:
         behind what it carries already; the seconds it added."""
         nbytes = (tensor_or_bytes if isinstance(tensor_or_bytes, int)
                   else tensor_or_bytes.numel() * tensor_or_bytes.element_size())
+        if self._off:
+            return 0.0
         cost = self.seconds(op, nbytes)
         with self._lock:
             self._free_at = max(time.perf_counter(), self._free_at) + cost
@@ -124,6 +128,18 @@ class EmulatedLink:
         if cost:
             time.sleep(max(0.0, done - time.perf_counter()))
         return cost
+
+    @contextmanager
+    def off(self):
+        """Inside: the collectives take what this machine's own network takes, uncounted (to
+        measure a step both ways, in turns). Every rank must enter and leave it at the same
+        step: a rank that waits for the link while another does not is only slower, but the
+        two then measure different things."""
+        self._off = True
+        try:
+            yield
+        finally:
+            self._off = False
 
     def hook(self, inner=default_hooks.allreduce_hook):
         """A DDP communication hook: ``inner`` (DDP's own all-reduce by default), then the link's
