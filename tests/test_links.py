@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT, run, torchrun_cmd
 from dpcourse.lab import allreduce
-from dpcourse.lab.links import PRESETS, EmulatedLink, Link
+from dpcourse.lab.links import PRESETS, EmulatedLink, Link, emulable
 
 LINK = Link("test", alpha=1e-3, bandwidth=1e6, source="")  # β = 1 µs per byte
 
@@ -56,6 +56,14 @@ def test_an_unknown_collective_is_refused_by_name():
 def test_every_preset_says_where_its_figures_come_from():
     for name, link in PRESETS.items():
         assert link.alpha > 0 and link.bandwidth > 0 and len(link.source) > 40, name
+
+
+def test_only_links_well_above_the_machines_own_are_emulable():
+    """This machine over loopback: about 100 µs and 0.5 ns a byte (link_probe's "machine")."""
+    here = {name for name, link in PRESETS.items() if emulable(link, 100e-6, 0.5e-9)}
+    assert here == {"wan"}  # 1 GbE's 50 µs is below the machine's own latency
+    assert {n for n, lk in PRESETS.items() if emulable(lk, 1e-6, 0.5e-9)} == {"wan", "1gbe"}
+    assert not emulable(PRESETS["nvlink4"], 1e-6, 1e-12)  # 2.2 ps a byte: no machine here
 
 
 @pytest.fixture(scope="module")

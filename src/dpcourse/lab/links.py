@@ -54,10 +54,42 @@ PRESETS = {
     "1gbe": Link("1 Gb Ethernet", 50e-6, 0.125e9,
                  "1 Gb/s by definition; the latency is an assumption of the course (TCP over "
                  "commodity Ethernet: tens of microseconds one way)"),
+    "25gbe": Link("25 Gb Ethernet", 25e-6, 3.125e9,
+                  "25 Gb/s by definition; the latency is an assumption of the course (kernel TCP "
+                  "on a faster link: its latency barely follows the link's rate)"),
+    "100gbe": Link("100 Gb Ethernet", 20e-6, 12.5e9,
+                   "100 Gb/s by definition; the latency is an assumption of the course (kernel "
+                   "TCP, tuned: tens of microseconds one way)"),
+    "ib_hdr": Link("InfiniBand HDR, 200 Gb/s", 1.2e-6, 24e9,
+                   "Microsoft Azure, HBv3-series performance (200 Gb/s HDR InfiniBand): 'RDMA "
+                   "latency & bandwidth: 1.2 microseconds (1-byte), 192 Gb/s (one-way)'"),
+    "ib_ndr": Link("InfiniBand NDR, 400 Gb/s", 2e-6, 50e9,
+                   "Microsoft Azure, HBv4-series performance (400 Gb/s NDR InfiniBand): 'RDMA "
+                   "latency & bandwidth: < 2 microseconds (1 byte), 400 Gb/s (one-way)'; the "
+                   "course takes the bound, 2 µs"),
+    "pcie5": Link("PCIe 5.0 x16", 2e-6, 63e9,
+                  "63.0 GB/s per direction for x16 (the PCI-SIG rate, 32 GT/s with 128b/130b "
+                  "coding); the latency is an assumption of the course (a GPU's remote read of "
+                  "128 bytes over PCIe 5.0: 'Min latency: 4.10 us' there and back, "
+                  "github.com/lukealonso/p2pmark)"),
+    "nvlink4": Link("NVLink 4 (H100 SXM), per GPU", 3e-6, 450e9,
+                    "NVIDIA: '900 gigabytes per second (GB/s) bidirectional per GPU' for "
+                    "fourth-generation NVLink, so 450 GB/s each way; the latency is what users "
+                    "report nccl-tests to show on H100s, 'the expected latency (~3us)' "
+                    "(github.com/NVIDIA/nccl/issues/1487)"),
 }
 
 # No link emulated: nothing is added, the bytes are still counted.
 NONE = Link("none: this machine's own", 0.0, math.inf, "nothing emulated")
+
+
+def emulable(link: Link, machine_alpha: float, machine_beta: float, margin: float = 10) -> bool:
+    """Whether this machine can emulate ``link``: the emulator only adds time to what the
+    machine's own network takes (``machine_alpha``, ``machine_beta``, fitted from a ping-pong),
+    so a link is emulable where its α and β are each at least ``margin`` times the machine's,
+    or its α is zero and its β is. Other links are for the planner: model only."""
+    return ((link.alpha >= margin * machine_alpha or link.alpha == 0)
+            and link.beta >= margin * machine_beta)
 
 
 def link(name: str) -> Link:
