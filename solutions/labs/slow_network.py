@@ -22,15 +22,18 @@ communication hook, the test's all-reduce through link.wait.
                       (4 bytes) and indices (8), all-gathered: the ranks pick different entries
     --compress sign   each rank sends one bit per entry, its sign, and one scale per parameter
                       tensor, its mean |entry| (Seide et al. 2014, "1-Bit Stochastic Gradient
-                      Descent ..."; Karimireddy et al. 2019, "Error Feedback Fixes SignSGD ...")
+                      Descent ..."; Karimireddy et al. 2019, "Error Feedback Fixes SignSGD ...",
+                      whose code scales each tensor alike: github.com/epfml/error-feedback-SGD)
 
 Both keep, on each rank, what they did not send (the residual) and add it to the next step's
-gradient: error feedback. Without it (--no-error-feedback) what a step does not send is lost.
-SGD without momentum by default: error feedback as Karimireddy et al. analyse it (with momentum,
-Lin et al. 2018, "Deep Gradient Compression", keep the residual of the velocity instead: their
-momentum correction). The first step sends everything (as
-torch's PowerSGD does before start_powerSGD_iter): DDP rebuilds its buckets after it, and the
-residuals are kept per bucket.
+gradient: error feedback (Seide et al.: the quantization error "carried forward across
+minibatches"). Without it (--no-error-feedback) what a step does not send is lost, and signSGD
+can fail to converge: Karimireddy et al. give "simple convex counter-examples where signSGD does
+not converge to the optimum". SGD without momentum by default: error feedback as Karimireddy
+et al. analyse it (with momentum, Lin et al. 2018, "Deep Gradient Compression", "locally
+accumulate the velocity instead of the real gradient": their momentum correction). The first
+step sends everything (as torch's PowerSGD does before start_powerSGD_iter): DDP rebuilds its
+buckets after it, and the residuals are kept per bucket.
 
 --bench measures instead of training: in turns, forward and backward alone (under no_sync: no
 communication), a whole step on this machine's own network and one over the link; the medians
