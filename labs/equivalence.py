@@ -156,7 +156,7 @@ def local_sgd(model, run, diloco=False):
     pseudo-gradient (start - now) averaged and applied by an outer SGD step of lr 1 (DiLoCo)."""
     model = start_together(model)
     inner = run.sgd(model.parameters())
-    outer = torch.optim.SGD(model.parameters(), lr=1.0)  # DiLoCo's outer step, no momentum
+    outer = torch.optim.SGD(model.parameters(), lr=1.0)  # the outer step of DiLoCo, no momentum
     for x, y in run.batches:
         start = [p.detach().clone() for p in model.parameters()]
         inner.zero_grad()

@@ -1,7 +1,7 @@
 """Every distributed call in the labs carries its mark: the course's rule is that each line that
 exists because of distribution says why, in a comment `# DDP: <reason>` (`# ZeRO: …`, `# FSDP: …`,
-`# Horovod: …`, `# DCP: …`, `# LINK: …` for an emulated network's, where those are the reason), on
-the line itself or on a comment-only line directly above.
+`# Horovod: …`, `# DCP: …`, `# DiLoCo: …`, `# LINK: …` for an emulated network's, where those
+are the reason), on the line itself or on a comment-only line directly above.
 
 The calls are found with tokenize, so strings, docstrings and comments never count:
 `dist.<name>…(`, `dcp.<name>…(` and `hvd.<name>…(` (not `dist.ReduceOp.SUM`, not a bare
@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted((ROOT / "solutions" / "labs").glob("*.py"))
 
-MARK = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod|DCP|LINK):\s*\S")
+MARK = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod|DCP|DiLoCo|LINK):\s*\S")
 # a mark without its colon and reason
-BARE = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod|DCP|LINK)(?![-\w])(?!:\s*\S)")
+BARE = re.compile(r"#\s*(DDP|ZeRO(?:-\d)?|FSDP|Horovod|DCP|DiLoCo|LINK)(?![-\w])(?!:\s*\S)")
 SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
         tokenize.ENCODING, tokenize.ENDMARKER}
 MODULES = {"dist", "dcp", "hvd"}  # dist.<name>…(, dcp.<name>…( and hvd.<name>…(
