@@ -24,7 +24,9 @@ The outer step's defaults are the paper's: an outer learning rate of 0.7 and Nes
 of 0.9, a choice that "is very robust, and it is adopted for all our experiments". The paper's
 language models take H = 500 inner steps of AdamW at 4e-4; this small CNN, a few hundred steps
 in all, takes H = 20 by default and AdamW at 2e-3 (the course's choice). With H = 1, an outer
-lr of 1, no momentum and SGD inside, this is DDP (notebook 15's matrix holds it).
+lr of 1, no momentum and SGD inside, this is DDP (notebook 15's matrix holds it). The shared
+weights are the parameters only: the course CNN's GroupNorm keeps no buffers; a model with
+BatchNorm would have its running statistics averaged too, or they drift apart unseen.
 
 Rank 0 logs (--log-json) at every outer step (every H steps in --mode ddp): the step, the
 seconds since the start and rank 0's own training loss over those steps (it needs no message);
@@ -109,6 +111,9 @@ def main(args):
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     dev = env.device
     link = links.EmulatedLink(links.link(args.link), world_size)  # LINK: the network to pay
+    if args.link != "none" and dev.type == "cuda":  # the link waits on CPU ranks' futures
+        world.stop(env, "--link emulates a network for CPU ranks (gloo): add --device cpu, "
+                        "or leave --link out")
     train_set = InMemoryFashionMNIST(args.data_root, train=True, device=dev, first=args.images)
     test_set = InMemoryFashionMNIST(args.data_root, train=False, device=dev)
     sampler = DistributedSampler(train_set, world_size, rank, seed=args.seed,  # DDP: my shard

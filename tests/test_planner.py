@@ -1,7 +1,9 @@
 """The planner (src/dpcourse/lab/planner.py): where DDP's buckets hide behind backward and where
 they do not, what the methods that send less put on the link, local SGD's share; and, on 2 ranks
 under torchrun, its prediction against the step slow_network.py --bench measures over the
-emulated links this machine can emulate (WAN: α; 1 GbE: a little of both), within 15 %."""
+emulated WAN link, within 15 %: one bucket, three buckets queued on the link, and top-k's two
+all-gathers. (Over 1 GbE the link adds 0.8 ms to a step of about 35 ms here, within the step's
+own spread on a loaded machine: not a measurable case for this small CNN.)"""
 import json
 
 import pytest
@@ -61,26 +63,31 @@ def test_local_sgd_pays_one_all_reduce_of_the_weights_every_h_steps():
     assert plan["step_s"] == pytest.approx(0.031 + (2e-3 + 4000e-6) / 10)
 
 
+CASES = {"one bucket": ("ddp", 25), "three buckets": ("ddp", 0.01), "top-k": ("topk", 25)}
+
+
 @pytest.fixture(scope="module")
 def measured(fashion_root, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bench")
     out = {}
-    for link, method in [("wan", "ddp"), ("1gbe", "ddp"), ("wan", "topk")]:
-        log = folder / f"{link}-{method}.jsonl"
+    for case, (method, cap) in CASES.items():
+        log = folder / f"{method}-{cap}.jsonl"
         compress = "none" if method == "ddp" else method
         result = run(torchrun_cmd(2, ROOT / "solutions/labs/slow_network.py", "--bench",
-                                  "--steps", 12, "--link", link, "--compress", compress,
-                                  "--log-json", log), timeout=240)
+                                  "--steps", 16, "--link", "wan", "--compress", compress,
+                                  "--bucket-cap-mb", cap, "--log-json", log), timeout=240)
         assert result.returncode == 0, result.stdout
-        out[link, method] = json.loads(log.read_text().splitlines()[-1])
+        out[case] = json.loads(log.read_text().splitlines()[-1])
     return out
 
 
-@pytest.mark.parametrize("link, method", [("wan", "ddp"), ("1gbe", "ddp"), ("wan", "topk")])
-def test_the_plan_predicts_the_measured_step_within_15_percent(measured, link, method):
+@pytest.mark.parametrize("case", CASES)
+def test_the_plan_predicts_the_measured_step_over_wan_within_15_percent(measured, case):
     """The step measured on this machine's own network, plus what the planner says the link
     exposes, against the step measured over the link, the two in turns in one run."""
-    bench = measured[link, method]
+    bench, method = measured[case], CASES[case][0]
+    if case == "three buckets":
+        assert len(bench["bucket_bytes"]) == 3, bench
     m = planner.Measured(bench["compute_s"], bench["update_s"], tuple(bench["bucket_bytes"]))
-    exposed = planner.step(m, EmulatedLink(PRESETS[link], 2), method)["exposed_s"]
+    exposed = planner.step(m, EmulatedLink(PRESETS["wan"], 2), method)["exposed_s"]
     assert bench["here_s"] + exposed == pytest.approx(bench["step_s"], rel=0.15), bench

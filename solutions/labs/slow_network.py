@@ -33,7 +33,9 @@ not converge to the optimum". SGD without momentum by default: error feedback as
 et al. analyse it (with momentum, Lin et al. 2018, "Deep Gradient Compression", "locally
 accumulate the velocity instead of the real gradient": their momentum correction). The first
 step sends everything (as torch's PowerSGD does before start_powerSGD_iter): DDP rebuilds its
-buckets after it, and the residuals are kept per bucket.
+buckets after it, and the residuals are kept per bucket. These hooks compress and send before
+they return, so backward waits for them: unlike DDP's own all-reduce, nothing they send is
+hidden behind backward (the planner, dpcourse/lab/planner.py, counts them so).
 
 --bench measures instead of training: in turns, forward and backward alone (under no_sync: no
 communication), a whole step on this machine's own network and one over the link; the medians
@@ -81,7 +83,7 @@ def cleanup():
 
 def done(tensor):
     """A future that holds ``tensor`` already: what a hook that has finished returns."""
-    fut = torch.futures.Future()
+    fut = torch.futures.Future(devices=[tensor.device] if tensor.is_cuda else None)
     fut.set_result(tensor)
     return fut
 
@@ -242,6 +244,9 @@ def main(args):
     rank, world_size = dist.get_rank(), dist.get_world_size()  # DDP: who am I, how many are we?
     dev = env.device
     link = links.EmulatedLink(links.link(args.link), world_size)  # LINK: the network to pay
+    if args.link != "none" and dev.type == "cuda":  # the link waits on CPU ranks' futures
+        world.stop(env, "--link emulates a network for CPU ranks (gloo): add --device cpu, "
+                        "or leave --link out")
     train_set = InMemoryFashionMNIST(args.data_root, train=True, device=dev, first=args.images)
     test_set = InMemoryFashionMNIST(args.data_root, train=False, device=dev)
     sampler = DistributedSampler(train_set, world_size, rank, seed=args.seed,  # DDP: my shard

@@ -118,7 +118,8 @@ class EmulatedLink:
     def seconds(self, op: str, nbytes: int) -> float:
         """What ``op`` on ``nbytes`` costs on the link (ring algorithms, as NCCL's and gloo's):
         all_reduce 2(P−1)α + 2(P−1)/P·nβ; all_gather, reduce_scatter (n: the whole tensor)
-        (P−1)α + (P−1)/P·nβ; broadcast ⌈log₂P⌉(α + nβ) (a binomial tree); send α + nβ."""
+        (P−1)α + (P−1)/P·nβ; broadcast ⌈log₂P⌉(α + nβ) (a binomial tree: the model's choice;
+        NCCL pipelines its broadcast along a ring); send α + nβ."""
         P, a, b = self.world_size, self.link.alpha, self.link.beta
         if op == "send":
             return a + nbytes * b
@@ -173,11 +174,17 @@ class EmulatedLink:
         finally:
             self._off = False
 
-    def hook(self, inner=default_hooks.allreduce_hook):
-        """A DDP communication hook: ``inner`` (DDP's own all-reduce by default), then the link's
-        time for the bucket. Register it with ``ddp.register_comm_hook(state, link.hook())``."""
+    def hook(self):
+        """A DDP communication hook: DDP's own all-reduce of the bucket, then the link's time for
+        it. Register it with ``ddp.register_comm_hook(None, link.hook())``. For CPU ranks
+        (gloo): there the all-reduce's future completes when the transfer has ended, and the
+        wait runs on gloo's thread while backward goes on. On NCCL the future completes when the
+        work is queued on the GPU, so the wait would hold backward up instead: refused."""
         def emulated(state, bucket):
+            if bucket.buffer().is_cuda:
+                raise ValueError("the emulated link's hook is for CPU ranks (gloo): run with "
+                                 "--device cpu, or without --link")
             nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
-            return inner(state, bucket).then(
+            return default_hooks.allreduce_hook(state, bucket).then(
                 lambda fut: (self.wait("all_reduce", nbytes), fut.value())[1])
         return emulated
