@@ -39,8 +39,8 @@ hidden behind backward (the planner, dpcourse/lab/planner.py, counts them so).
 
 --bench measures instead of training: in turns, forward and backward alone (under no_sync: no
 communication), a whole step on this machine's own network and one over the link; the medians
-of each and of the optimizer's step, and DDP's buckets (bytes each): the planner's inputs
-(dpcourse/lab/planner.py) and the step it must predict.
+of each, of the optimizer's step and of what the link added to each pair of steps, and DDP's
+buckets (bytes each): the planner's inputs (dpcourse/lab/planner.py) and what it must predict.
 
 Rank 0 prints and logs (--log-json, event "done"): ms per step (median, the first two steps
 left out), the bytes each rank sent per step by each kind of collective, the seconds the link
@@ -226,7 +226,9 @@ def bench(model, opt, batches, train_set, link, steps, sizes):
             timed_step(x, y, "here_s")
         timed_step(x, y, "step_s")
     # the first two of each left out: warm-up, and DDP's buckets rebuilt after the first step
+    added = [b - a for a, b in zip(times["here_s"][2:], times["step_s"][2:])]
     return {**{k: statistics.median(v[2 * (k == "update_s") + 2:]) for k, v in times.items()},
+            "link_s": statistics.median(added),  # what the link added to a step, pair by pair
             "bucket_bytes": [sizes[i] for i in sorted(sizes)]}
 
 

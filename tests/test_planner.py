@@ -74,7 +74,7 @@ def measured(fashion_root, tmp_path_factory):
         log = folder / f"{method}-{cap}.jsonl"
         compress = "none" if method == "ddp" else method
         result = run(torchrun_cmd(2, ROOT / "solutions/labs/slow_network.py", "--bench",
-                                  "--steps", 16, "--link", "wan", "--compress", compress,
+                                  "--steps", 30, "--link", "wan", "--compress", compress,
                                   "--bucket-cap-mb", cap, "--log-json", log), timeout=240)
         assert result.returncode == 0, result.stdout
         out[case] = json.loads(log.read_text().splitlines()[-1])
@@ -83,11 +83,12 @@ def measured(fashion_root, tmp_path_factory):
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_plan_predicts_the_measured_step_over_wan_within_15_percent(measured, case):
-    """The step measured on this machine's own network, plus what the planner says the link
-    exposes, against the step measured over the link, the two in turns in one run."""
+    """What the planner says the link exposes, against what it added to the step measured on
+    this machine's own network, pair by pair (the two steps in turns, in one run: a load that
+    slows the machine for a while slows both); within 15 % of the step over the link."""
     bench, method = measured[case], CASES[case][0]
     if case == "three buckets":
         assert len(bench["bucket_bytes"]) == 3, bench
     m = planner.Measured(bench["compute_s"], bench["update_s"], tuple(bench["bucket_bytes"]))
     exposed = planner.step(m, EmulatedLink(PRESETS["wan"], 2), method)["exposed_s"]
-    assert bench["here_s"] + exposed == pytest.approx(bench["step_s"], rel=0.15), bench
+    assert exposed == pytest.approx(bench["link_s"], abs=0.15 * bench["step_s"]), bench
