@@ -20,6 +20,20 @@ from dpcourse.explore.launch import CPU_MALLOC  # noqa: E402 - it imports torch:
 
 os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
 
+# torchrun's workers forked from a zygote that has imported torch once per local rank, instead of
+# new interpreters that import it each time: about 5 s of CPU saved per worker per launch
+# (dpcourse/explore/zygote.py says what such a worker is; tests/test_zygote.py compares the two).
+# DPCOURSE_ZYGOTES=0: new interpreters, as a learner's launches always are.
+from dpcourse.explore import zygote  # noqa: E402
+
+zygote.enable(os.environ.get("DPCOURSE_ZYGOTES", "1") != "0")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zygotes():
+    yield
+    zygote.stop_all()
+
 # "Within seconds": how long a test lets an error that must come at once take, from the launch to
 # the message. Alone, these runs take 2-8 s (Python, torch's import, a launcher); `make test`'s
 # other worker can make that 3-5 times as long. The bound catches a hang (c10d's 80-139 s of retries

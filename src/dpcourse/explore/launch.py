@@ -302,6 +302,8 @@ class _ForkedTorchrun:
 
     def __init__(self, args: list[str], env: dict, cwd: str | os.PathLike | None = None):
         env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
+        from dpcourse.explore import zygote
+        zygote.before_agent(args, env)  # the test suite's forked workers; off elsewhere
         parent = os.getpid()
         read, write = os.pipe()
         stop_signals = {signal.SIGINT, signal.SIGTERM}
@@ -357,6 +359,7 @@ class _ForkedTorchrun:
             os.environ.update(env)
             if cwd is not None:
                 os.chdir(cwd)
+            _workers_from_zygotes()
             from dpcourse.lab.torchrun import main
             sys.argv = ["torchrun", *args]
             code = main()
@@ -393,6 +396,25 @@ class _ForkedTorchrun:
             time.sleep(pause)
             pause = min(0.02, pause * 2)
         return self.returncode
+
+
+def _workers_from_zygotes() -> None:
+    """In the agent: where the test session has started zygotes (dpcourse.explore.zygote), each
+    worker that one may serve is a fork of one; any other, a new interpreter, as torchrun starts
+    it."""
+    from dpcourse.explore import zygote
+    if not zygote.enabled():
+        return
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    handler = subprocess_handler.SubprocessHandler
+    popen = handler._popen
+
+    def _popen(self, args, env):
+        worker = zygote.spawn(args, env, self._stdout, self._stderr, self.local_rank_id)
+        return worker if worker is not None else popen(self, args, env)
+
+    handler._popen = _popen
 
 
 def failure_summary(agent_lines: list[str], returncode: int, launcher: str = "torchrun") -> str:

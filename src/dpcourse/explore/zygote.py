@@ -1,0 +1,424 @@
+"""Start torchrun's workers as forks of a process that has imported torch already (a *zygote*),
+instead of new interpreters that each import it again: the suite's plumbing, off unless a test
+session turns it on (``tests/conftest.py``); a notebook's launches never use it.
+
+Why: on the course's 2-core machine a worker spends about 5 s of CPU importing torch and its
+compiler (``torch._dynamo``, which building an optimizer or a DDP imports) before its first line,
+and the suite makes hundreds of 2-rank launches.
+
+What a worker started this way is, and how each difference from ``python -u lab.py`` is closed
+(``tests/test_zygote.py`` compares the two, item by item):
+
+- Its interpreter has imported torch, ``torch.distributed`` and ``torch._dynamo`` and used none of
+  them: no thread pool has started.
+- Its environment is the one asked for (``os.environ``, and ``/proc/PID/environ``, rewritten in
+  place). Variables that torch, numpy or tqdm read when imported must be the zygote's own: a launch
+  whose environment differs from it in anything but the variables a worker reads at run time
+  (``RUNTIME``) is served by zygotes started with its own (the last ``POOLS`` environments' are
+  kept); one that is not ``python -u script ...`` gets a new interpreter.
+- Its ``/proc/PID/cmdline`` is its command line, rewritten in place (followed by NUL bytes up to
+  the zygote's own length), ``sys.argv``, ``sys.path[0]``, ``__main__`` and its ``__file__`` are
+  those of ``python -u script``; it runs in its own session, in the directory asked for, with
+  stdin from /dev/null, stdout and stderr unbuffered on the files torchrun gave, and no other file
+  open.
+- Its ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (OpenMP read the zygote's when
+  torch loaded); torch's, Python's and numpy's random generators are seeded anew from the OS, as a
+  new process's are.
+- Each local rank has its own zygote, so ranks do not share Python's string-hash secret.
+- It exits as the interpreter would: ``SystemExit``'s code, an uncaught exception's traceback
+  (``sys.excepthook``) and exit status 1, atexit handlers, non-daemon threads joined, files
+  flushed. Its parent is the zygote, not torchrun's agent: the agent waits on it through the
+  zygote's socket, and signals it by its pid and session, as it would a child.
+
+What stays different: the worker's parent is the zygote; its /proc command line and environment are
+followed by NUL bytes up to the zygote's own length; ``py-spy dump`` shows the zygote's two frames
+(``_serve``, ``_become``) under the lab's.
+
+The zygote is started by the test process (``ensure``) and dies with it (``PR_SET_PDEATHSIG``).
+This file runs as a script (the zygote) and is imported (the client); the zygote imports nothing of
+``dpcourse``, so a worker's ``import dpcourse`` reads the files as they are.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+# What a worker reads at run time, never on import: torchrun's per-worker variables, the course's
+# own (the zygote imports no dpcourse), pytest's per-test name. Any other difference from the
+# zygote's environment starts a new interpreter.
+RUNTIME = ("LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+           "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "OMP_NUM_THREADS",
+           "PYTHONUNBUFFERED")
+RUNTIME_PREFIXES = ("TORCHELASTIC_", "DPCOURSE_")
+PAD = "DPCOURSE_ZYGOTE_PAD"  # the zygote's room for a worker's environment in /proc/PID/environ
+ENV_ROOM, ARG_ROOM = 65536, 16384
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+
+
+def runtime(key: str) -> bool:
+    return key != PAD and (key in RUNTIME or key.startswith(RUNTIME_PREFIXES))
+
+
+def _fixed(env: dict) -> dict:
+    return {k: v for k, v in env.items() if not runtime(k) and k != PAD}
+
+
+# ---------------------------------------------------------------------------------------------
+# The client: the test process starts zygotes; torchrun's agent (a fork of it) asks them for workers
+
+# the zygotes of the last POOLS environments (in what a worker reads on import), by local rank
+_pools: "collections.OrderedDict[tuple, dict[int, Zygote]]" = collections.OrderedDict()
+POOLS = 2
+_enabled = False
+
+
+def enable(on: bool = True) -> None:
+    """Use zygotes for the launches this process makes from now on (a test session)."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled and sys.platform.startswith("linux")
+
+
+class Zygote:
+    def __init__(self, rank: int, env: dict):
+        self.rank, self.env = rank, {k: str(v) for k, v in env.items() if k != PAD}
+        self.path = os.path.join(_socket_dir(), f"zygote-{os.getpid()}-{rank}.sock")
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        full = {**self.env, PAD: "x" * ENV_ROOM}  # last: the room in /proc/PID/environ
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, self.path, "." * ARG_ROOM], env=full,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+            start_new_session=True)
+
+    def alive(self) -> bool:
+        """Whether the zygote runs: asked by its state in /proc, which the agent (a fork of the
+        process that started it, not its parent) can read too."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+        except OSError:
+            return False
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the zygote listens, waited for up to ``timeout`` s while it imports torch."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.path):
+            if not self.alive() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def _socket_dir() -> str:
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dpcourse-zygotes-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _key(env: dict) -> tuple:
+    return (tuple(sorted(_fixed(env).items())), "OMP_NUM_THREADS" in env)
+
+
+def ensure(nproc: int, env: dict) -> None:
+    """In the test process, before it forks torchrun's agent: a zygote for each of local ranks
+    0..nproc-1 whose environment is ``env`` (the agent's) in what a worker reads on import. The
+    zygotes of the ``POOLS`` environments used last are kept; older ones are stopped."""
+    if not enabled():
+        return
+    key = _key(env)
+    pool = _pools.setdefault(key, {})
+    _pools.move_to_end(key)
+    for rank in range(nproc):
+        if rank not in pool or not pool[rank].alive():
+            pool[rank] = Zygote(rank, env)
+    while len(_pools) > POOLS:
+        for z in _pools.popitem(last=False)[1].values():
+            z.stop()
+
+
+def zygote_of(env: dict, local_rank: int) -> "Zygote | None":
+    return _pools.get(_key(env), {}).get(local_rank)
+
+
+def stop_all() -> None:
+    for pool in _pools.values():
+        for z in pool.values():
+            z.stop()
+    _pools.clear()
+
+
+def _nproc(args: list[str]) -> int | None:
+    """``--nproc-per-node N`` (or ``=N``, or the underscore spelling) from torchrun's arguments."""
+    for i, arg in enumerate(args):
+        for flag in ("--nproc-per-node", "--nproc_per_node"):
+            if arg == flag and i + 1 < len(args) and args[i + 1].isdigit():
+                return int(args[i + 1])
+            if arg.startswith(flag + "=") and arg.split("=", 1)[1].isdigit():
+                return int(arg.split("=", 1)[1])
+    return None
+
+
+def before_agent(args: list[str], env: dict) -> None:
+    """In the test process, before it forks an agent with torchrun ``args``: start its zygotes."""
+    n = _nproc(args)
+    if enabled() and n:
+        ensure(n, env)
+
+
+class Worker:
+    """What ``subprocess.Popen`` gives torchrun's agent (``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``returncode``) for a worker forked by a zygote, which says on the socket when
+    the worker has exited and how."""
+
+    def __init__(self, conn: socket.socket, pid: int, args):
+        self.conn, self.pid, self.args, self.returncode = conn, pid, args, None
+        self.stdin = self.stdout = self.stderr = None
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is not None:
+            return
+        ready, _, _ = select.select([self.conn], [], [], timeout)
+        if ready:
+            msg = self.conn.recv(64)
+            # "exit N"; nothing: the zygote died, and its worker with it or soon
+            self.returncode = int(msg.split()[1]) if msg.startswith(b"exit ") else -9
+            self.conn.close()
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._read(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(args, env: dict, stdout, stderr, local_rank: int, cwd: str | None = None):
+    """In torchrun's agent: ``args`` (``python -u script ...``) as a fork of local rank
+    ``local_rank``'s zygote, or None (the caller starts a new interpreter) when there is none or
+    the launch is not one it may serve."""
+    env = {str(k): str(v) for k, v in env.items()}
+    z = zygote_of(env, local_rank)
+    args = [str(a) for a in args]
+    if z is None or len(args) < 3 or args[0] != sys.executable or args[1] != "-u" \
+            or args[2].startswith("-") or not args[2].endswith(".py"):
+        return None
+    if not z.ready(120):
+        return None
+    fds = [(f.fileno() if f is not None else fd) for f, fd in ((stdout, 1), (stderr, 2))]
+    request = json.dumps({"argv": args, "env": env, "cwd": cwd or os.getcwd()}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(z.path)
+        socket.send_fds(conn, [request], fds)
+        reply = conn.recv(4096)
+    except OSError:
+        conn.close()
+        return None
+    if not reply.startswith(b"pid "):  # "refuse <why>": too long for the zygote's room
+        conn.close()
+        return None
+    return Worker(conn, int(reply.split()[1]), args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The zygote
+
+
+def _regions() -> tuple[int, int, int, int]:
+    """This process's argument and environment areas (arg_start, arg_end, env_start, env_end:
+    /proc/PID/stat's fields 48-51, proc(5))."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return tuple(int(x) for x in fields[45:49])
+
+
+def _serve(path: str) -> None:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: gone with the test process
+    import gc
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()  # what the workers share stays shared: no collection touches its pages
+    arg_start, arg_end, env_start, env_end = _regions()
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(path + ".new")
+    server.listen(64)
+    os.rename(path + ".new", path)  # the client waits for the name: bound and listening
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        ready, _, _ = select.select([server, wake_r], [], [], 5.0)
+        try:
+            os.read(wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.send(b"exit %d" % os.waitstatus_to_exitcode(status))
+                except OSError:
+                    pass
+                conn.close()
+        if server not in ready:
+            continue
+        conn, _ = server.accept()
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+            request = json.loads(msg)
+        except (OSError, ValueError):
+            conn.close()
+            continue
+        argv_block = b"\0".join(os.fsencode(a) for a in request["argv"]) + b"\0"
+        env_block = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in request["env"].items())
+        if len(fds) != 2 or len(argv_block) > arg_end - arg_start \
+                or len(env_block) > env_end - env_start:
+            conn.send(b"refuse too long")
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            for other in waiting.values():
+                other.close()
+            conn.close()
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _become(request, fds, (arg_start, arg_end, argv_block), (env_start, env_end, env_block))
+            # _become raises SystemExit: the interpreter's own exit, as a script's
+        for fd in fds:
+            os.close(fd)
+        waiting[pid] = conn
+        try:
+            conn.send(b"pid %d" % pid)
+        except OSError:
+            pass
+
+
+def _become(request: dict, fds: list[int], args_area, env_area) -> None:
+    """In the fork: become ``python -u script ...`` as a new interpreter would be, run it, exit."""
+    import ctypes
+    import io
+    import random
+    import types
+
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for start, end, block in (args_area, env_area):  # what /proc/PID/cmdline and environ show
+        ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
+    os.chdir(request["cwd"])
+
+    import torch
+    if "OMP_NUM_THREADS" in os.environ:
+        try:
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        except ValueError:
+            pass
+    torch.default_generator.seed()  # a new process's: 64 random bits of its own
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+
+    enc_out, enc_err = sys.__stdout__.encoding, sys.__stderr__.encoding
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False),
+                                                 encoding=sys.__stdin__.encoding)
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding=enc_out, errors=sys.__stdout__.errors,
+        write_through=True, line_buffering=os.isatty(1))
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding=enc_err, errors="backslashreplace",
+        write_through=True, line_buffering=os.isatty(2))
+
+    argv = request["argv"]
+    script = os.path.abspath(argv[2])
+    sys.argv = argv[2:]
+    sys.orig_argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.realpath(argv[2]))
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__builtins__ = __builtins__
+    main.__cached__ = None
+    sys.modules["__main__"] = main
+    with io.open_code(script) as f:
+        source = f.read()
+    code = compile(source, script, "exec", dont_inherit=True)
+    try:
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise  # the interpreter's own handling: its code, a message printed
+    except BaseException as err:  # noqa: BLE001 - printed as the interpreter prints it
+        err = err.with_traceback(err.__traceback__.tb_next)  # from the script's frames on
+        sys.excepthook(type(err), err, err.__traceback__)
+        if isinstance(err, KeyboardInterrupt):  # as Python exits on one: by SIGINT
+            sys.stdout.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
