@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,9 @@ from conftest import run, torchrun_cmd
 from dpcourse.explore import zygote
 
 PROBE = textwrap.dedent('''
-    import json, os, random, signal, sys, threading
+    import gc, json, os, random, signal, sys, threading
     import numpy, torch
+    import torch._dynamo  # as every lab that builds an optimizer or a DDP imports it
     out = sys.argv[1]
 
     def proc(name):
@@ -36,6 +38,7 @@ PROBE = textwrap.dedent('''
                     for s in (sys.stdout, sys.stderr)],
         "handlers": {n: str(signal.getsignal(getattr(signal, n)))
                      for n in ("SIGINT", "SIGTERM", "SIGCHLD", "SIGPIPE", "SIGHUP")},
+        "gc": [gc.get_freeze_count(), gc.isenabled(), gc.get_threshold()],
         "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "random": [torch.initial_seed(), random.random(), float(numpy.random.random()),
                    hash("a string")],
@@ -102,6 +105,9 @@ def test_a_zygotes_worker_is_what_a_new_interpreter_is(zygotes, tmp_path):
     fresh, fresh_out, fresh_err = _said("fresh", zygotes, tmp_path)
     forked, out, err = _said("zygote", zygotes, tmp_path)
     random_fresh, random_forked = fresh.pop("random"), forked.pop("random")
+    # torch's objects, from the zygote, stay frozen in its worker (the module's docstring says why)
+    assert fresh["gc"][0] == 0 and forked["gc"][0] > 100_000
+    fresh["gc"][0] = forked["gc"][0] = None
     # glibc, starting a new process, splits GLIBC_TUNABLES where it stands in /proc/PID/environ
     # ("a=1:b=2" shows as "a=1", "b=2"); the zygote applied the same tunables when it started
     for said in (fresh, forked):
@@ -110,7 +116,10 @@ def test_a_zygotes_worker_is_what_a_new_interpreter_is(zygotes, tmp_path):
         said["proc_environ_tunables"] = said["environ"].pop("GLIBC_TUNABLES", None)
     assert {k: v for k, v in forked.items() if v != fresh[k]} == {}, \
         {k: v for k, v in fresh.items() if v != forked[k]}
-    assert forked["proc_environ"] == forked["environ"] and forked["environ"]["RANK"] == "0"
+    set_by_torch = {"TORCHINDUCTOR_CACHE_DIR"} - set(zygotes)  # its import's, not the start's
+    assert forked["proc_environ"] == {k: v for k, v in forked["environ"].items()
+                                      if k not in set_by_torch}
+    assert forked["environ"]["RANK"] == "0"
     assert forked["proc_environ_tunables"] == os.environ.get("GLIBC_TUNABLES")
     assert zygote.PAD not in forked["environ"]
     assert forked["fds"] == ["0", "1", "2", "3"] and forked["tasks"] == 1  # 3: the listing's own
@@ -123,6 +132,25 @@ def test_a_zygotes_worker_is_what_a_new_interpreter_is(zygotes, tmp_path):
     assert all(a != b for a, b in zip(random_forked[:3], again["random"][:3]))
     assert random_forked[3] != other["random"][3]
     assert len({random_fresh[0], random_forked[0], again["random"][0]}) == 3
+
+
+def test_what_torchs_import_sets_in_the_environment_a_worker_has_as_a_new_one_does(tmp_path):
+    """torch's import sets TORCHINDUCTOR_CACHE_DIR where it is unset: the zygote's import did, and
+    its worker has it as a new interpreter's import would give it."""
+    env = {k: v for k, v in _env().items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    was = zygote.enabled()
+    zygote.enable(True)
+    try:
+        zygote.ensure(1, env)
+        zygote.ensure(1, env)  # an environment met twice has zygotes
+        assert zygote.zygote_of(env, 0).ready(120)
+        fresh, _, _ = _said("fresh", env, tmp_path)
+        forked, _, _ = _said("zygote", env, tmp_path)
+    finally:
+        zygote.enable(was)
+    assert forked["environ"] == fresh["environ"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in forked["environ"]
+    assert "TORCHINDUCTOR_CACHE_DIR" not in forked["proc_environ"]  # as a new process's start
 
 
 def test_its_worker_takes_its_own_threads_from_omp_num_threads(zygotes, tmp_path):
@@ -175,7 +203,9 @@ def test_a_launch_it_cannot_be_is_given_a_new_interpreter(zygotes, tmp_path):
                                                  _env(TORCH_DISTRIBUTED_DEBUG="DETAIL")),
         "another interpreter": (["/usr/bin/python3", "-u", script], zygotes),
         "a module": ([sys.executable, "-u", "-m", "json.tool"], zygotes),
-        "no -u": ([sys.executable, script], zygotes),
+        "neither -u nor PYTHONUNBUFFERED": ([sys.executable, script],
+                                            {k: v for k, v in zygotes.items()
+                                             if k != "PYTHONUNBUFFERED"}),
         "a command line longer than its room": ([sys.executable, "-u", script,
                                                  "x" * 2 * zygote.ARG_ROOM], zygotes),
     }
@@ -197,12 +227,51 @@ def test_the_suites_torchrun_forks_its_workers_from_the_zygotes(tmp_path):
     if not zygote.enabled():
         pytest.skip("DPCOURSE_ZYGOTES=0")
     pids = []
-    for extra in ({}, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}):
+    other = {"TORCH_SOMETHING_READ_ON_IMPORT": str(tmp_path)}  # an environment this session has
+    for extra in ({}, other, other):                               # not met before
         out = run(torchrun_cmd(2, script), env=extra)
         assert out.returncode == 0, out.stdout
-        parents = dict(line.split()[-2:] for line in out.stdout.splitlines()
-                       if line.startswith("parent"))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
-        assert parents == {str(r): str(zygote.zygote_of(env, r).proc.pid) for r in (0, 1)}
-        pids.append(parents)
-    assert pids[0] != pids[1]
+        pids.append(dict(line.split()[-2:] for line in out.stdout.splitlines()
+                         if line.startswith("parent")))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    detail = {**env, **other}
+    assert pids[0] == {str(r): str(zygote.zygote_of(env, r).proc.pid) for r in (0, 1)}
+    # an environment met once: new interpreters (their parent is the agent, not a zygote); met
+    # again, zygotes of its own
+    assert not set(pids[1].values()) & {str(z.proc.pid) for p in zygote._pools.values()
+                                         for z in p.values()}
+    assert pids[2] == {str(r): str(zygote.zygote_of(detail, r).proc.pid) for r in (0, 1)}
+
+
+def test_a_one_process_lab_is_a_fork_of_rank_0s_zygote(tmp_path):
+    if not zygote.enabled():
+        pytest.skip("DPCOURSE_ZYGOTES=0")
+    script = tmp_path / "one.py"
+    script.write_text("import os, sys\nprint('parent', os.getppid())\nsys.exit(4)\n")
+    out = run([sys.executable, script])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    assert (out.returncode, out.stdout) == (4, f"parent {zygote.zygote_of(env, 0).proc.pid}\n"), \
+        [(k[1], [(z.proc.pid, z.alive()) for z in p.values()]) for k, p in zygote._pools.items()]
+
+
+def test_horovodruns_gloo_workers_are_forks_of_the_zygotes_and_say_as_horovod_does(tmp_path):
+    """horovodrun --gloo (as notebook 11 starts it) runs its workers as forks of the zygotes:
+    their lines tagged "[N]<stdout>:" as horovod tags them, a failure's exit status as its shell
+    reports it."""
+    if not zygote.enabled():
+        pytest.skip("DPCOURSE_ZYGOTES=0")
+    if not (Path(sys.executable).parent / "horovodrun").exists():
+        pytest.skip("Horovod is not installed (make horovod)")
+    script = tmp_path / "hvd.py"
+    script.write_text("import os, sys\nprint('parent', os.environ['HOROVOD_RANK'], os.getppid())\n"
+                      "print('to stderr', file=sys.stderr)\n"
+                      "sys.exit(3 if os.environ['HOROVOD_RANK'] == '1' else 0)\n")
+    out = run([sys.executable, "-m", "dpcourse.lab.horovodrun", "--gloo", "-np", "2",
+               sys.executable, script], timeout=120)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    parents = dict(line.split()[-2:] for line in out.stdout.splitlines() if "parent" in line)
+    assert parents == {str(r): str(zygote.zygote_of(env, r).proc.pid) for r in (0, 1)}, out.stdout
+    lines = out.stdout.splitlines()
+    assert "[0]<stderr>:to stderr" in lines and "[1]<stderr>:to stderr" in lines
+    assert any(line.startswith("[1]<stdout>:parent 1 ") for line in lines)
+    assert "Process 1 exit with status code 3." in lines and out.returncode != 0

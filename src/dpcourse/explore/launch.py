@@ -217,6 +217,9 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
     # Set the threads per worker ourselves: torchrun's default is 1, with a warning banner.
     child_env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(nproc)))
     child_env.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
+    if cmd[1:3] == ["-m", "dpcourse.lab.horovodrun"]:
+        from dpcourse.explore import zygote
+        child_env.update(zygote.sockets(nproc, child_env))  # the test suite's; {} elsewhere
     if echo:  # what a learner would type; the tagging and log flags are plumbing
         print("$", shlex.join([*shown, _relative(script), *map(str, args)]), flush=True)
 

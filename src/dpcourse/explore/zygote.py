@@ -12,10 +12,14 @@ What a worker started this way is, and how each difference from ``python -u lab.
 - Its interpreter has imported torch, ``torch.distributed`` and ``torch._dynamo`` and used none of
   them: no thread pool has started.
 - Its environment is the one asked for (``os.environ``, and ``/proc/PID/environ``, rewritten in
-  place). Variables that torch, numpy or tqdm read when imported must be the zygote's own: a launch
-  whose environment differs from it in anything but the variables a worker reads at run time
-  (``RUNTIME``) is served by zygotes started with its own (the last ``POOLS`` environments' are
-  kept); one that is not ``python -u script ...`` gets a new interpreter.
+  place), with what the zygote's imports set in ``os.environ`` where unset (torch's compiler sets
+  TORCHINDUCTOR_CACHE_DIR), as a worker that builds an optimizer or a DDP, and so imports
+  ``torch._dynamo``, has it. Variables that torch, numpy or tqdm read when imported must be the
+  zygote's own (the zygote refuses any other): a launch whose environment differs from it in
+  anything but the variables a worker reads at run time (``RUNTIME``) is served by zygotes
+  started with its own (the last ``POOLS`` environments' are kept; a one-off environment gets new
+  interpreters); one that is not ``python -u script ...`` (or ``python script ...`` with
+  PYTHONUNBUFFERED set) gets a new interpreter.
 - Its ``/proc/PID/cmdline`` is its command line, rewritten in place (followed by NUL bytes up to
   the zygote's own length), ``sys.argv``, ``sys.path[0]``, ``__main__`` and its ``__file__`` are
   those of ``python -u script``; it runs in its own session, in the directory asked for, with
@@ -32,7 +36,10 @@ What a worker started this way is, and how each difference from ``python -u lab.
 
 What stays different: the worker's parent is the zygote; its /proc command line and environment are
 followed by NUL bytes up to the zygote's own length; ``py-spy dump`` shows the zygote's two frames
-(``_serve``, ``_become``) under the lab's.
+(``_serve``, ``_become``) under the lab's; the objects it has from the zygote (torch's) stay frozen
+(``gc.freeze``), so its collections, its exit's included, do not walk them, as a lab's exit does not
+(``dpcourse.lab`` freezes at exit): walking them in a fork copies every page they are on, a second
+of each worker's exit.
 
 The zygote is started by the test process (``ensure``) and dies with it (``PR_SET_PDEATHSIG``).
 This file runs as a script (the zygote) and is imported (the client); the zygote imports nothing of
@@ -41,6 +48,7 @@ This file runs as a script (the zygote) and is imported (the client); the zygote
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import select
@@ -50,14 +58,15 @@ import subprocess
 import sys
 import time
 
-# What a worker reads at run time, never on import: torchrun's per-worker variables, the course's
-# own (the zygote imports no dpcourse), pytest's per-test name. Any other difference from the
-# zygote's environment starts a new interpreter.
+# What a worker reads at run time, never on import: torchrun's and horovodrun's per-worker
+# variables, the course's own (the zygote imports no dpcourse), pytest's per-test name. Any other
+# difference from the zygote's environment starts a new interpreter.
 RUNTIME = ("LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
            "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "OMP_NUM_THREADS",
-           "PYTHONUNBUFFERED")
-RUNTIME_PREFIXES = ("TORCHELASTIC_", "DPCOURSE_")
+           "PYTHONUNBUFFERED", "NCCL_SOCKET_IFNAME")
+# horovodrun's per-worker variables: read by hvd.init(), and the zygote imports no horovod
+RUNTIME_PREFIXES = ("TORCHELASTIC_", "DPCOURSE_", "HOROVOD_")
 PAD = "DPCOURSE_ZYGOTE_PAD"  # the zygote's room for a worker's environment in /proc/PID/environ
 ENV_ROOM, ARG_ROOM = 65536, 16384
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
@@ -77,6 +86,8 @@ def _fixed(env: dict) -> dict:
 # the zygotes of the last POOLS environments (in what a worker reads on import), by local rank
 _pools: "collections.OrderedDict[tuple, dict[int, Zygote]]" = collections.OrderedDict()
 POOLS = 2
+_numbers = itertools.count()
+_seen: dict[tuple, int] = {}  # environments met once, without zygotes
 _enabled = False
 
 
@@ -93,7 +104,9 @@ def enabled() -> bool:
 class Zygote:
     def __init__(self, rank: int, env: dict):
         self.rank, self.env = rank, {k: str(v) for k, v in env.items() if k != PAD}
-        self.path = os.path.join(_socket_dir(), f"zygote-{os.getpid()}-{rank}.sock")
+        # one name per zygote: another environment's zygote of the same rank has its own
+        name = f"zygote-{os.getpid()}-{next(_numbers)}-{rank}.sock"
+        self.path = os.path.join(_socket_dir(), name)
         if os.path.exists(self.path):
             os.unlink(self.path)
         full = {**self.env, PAD: "x" * ENV_ROOM}  # last: the room in /proc/PID/environ
@@ -141,10 +154,15 @@ def _key(env: dict) -> tuple:
 def ensure(nproc: int, env: dict) -> None:
     """In the test process, before it forks torchrun's agent: a zygote for each of local ranks
     0..nproc-1 whose environment is ``env`` (the agent's) in what a worker reads on import. The
-    zygotes of the ``POOLS`` environments used last are kept; older ones are stopped."""
+    session's first environment gets zygotes at once, any other when it comes a second time (a
+    test's one-off environment is not worth starting zygotes for); the zygotes of the ``POOLS``
+    environments used last are kept, older ones stopped."""
     if not enabled():
         return
     key = _key(env)
+    if key not in _pools and not _seen.get(key) and _pools:
+        _seen[key] = 1  # a one-off environment (a test's): new interpreters, no zygotes to start
+        return
     pool = _pools.setdefault(key, {})
     _pools.move_to_end(key)
     for rank in range(nproc):
@@ -164,6 +182,22 @@ def stop_all() -> None:
         for z in pool.values():
             z.stop()
     _pools.clear()
+    _seen.clear()
+
+
+SOCKETS = "DPCOURSE_ZYGOTE_SOCKETS"
+
+
+def sockets(nproc: int, env: dict) -> dict:
+    """For a launcher that is a new interpreter (horovodrun): ``{SOCKETS: "0=path,1=path"}``, the
+    sockets of the zygotes of ranks 0..nproc-1 for ``env``, or {} where there are none."""
+    if not enabled():
+        return {}
+    ensure(nproc, env)
+    pool = _pools.get(_key(env), {})
+    if any(rank not in pool for rank in range(nproc)):
+        return {}
+    return {SOCKETS: ",".join(f"{rank}={pool[rank].path}" for rank in range(nproc))}
 
 
 def _nproc(args: list[str]) -> int | None:
@@ -230,32 +264,125 @@ class Worker:
         self.send_signal(signal.SIGKILL)
 
 
-def spawn(args, env: dict, stdout, stderr, local_rank: int, cwd: str | None = None):
-    """In torchrun's agent: ``args`` (``python -u script ...``) as a fork of local rank
-    ``local_rank``'s zygote, or None (the caller starts a new interpreter) when there is none or
-    the launch is not one it may serve."""
-    env = {str(k): str(v) for k, v in env.items()}
-    z = zygote_of(env, local_rank)
-    args = [str(a) for a in args]
-    if z is None or len(args) < 3 or args[0] != sys.executable or args[1] != "-u" \
-            or args[2].startswith("-") or not args[2].endswith(".py"):
+def _wait_for(path: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _script(args: list[str], env: dict) -> int | None:
+    """Where the script is in ``args`` when they are ``python -u script ...`` or, with
+    PYTHONUNBUFFERED set (unbuffered alike), ``python script ...``; else None."""
+    if not args or args[0] != sys.executable:
         return None
-    if not z.ready(120):
+    at = 2 if args[1:2] == ["-u"] else 1 if env.get("PYTHONUNBUFFERED") else None
+    if at is None or len(args) <= at or args[at].startswith("-") or not args[at].endswith(".py"):
+        return None
+    return at
+
+
+def spawn(args, env: dict, stdout, stderr, local_rank: int, cwd: str | None = None,
+          path: str | None = None):
+    """``args`` (``python -u script ...``, or ``python script ...`` with PYTHONUNBUFFERED set) as a
+    fork of local rank ``local_rank``'s zygote (in torchrun's agent, or for a one-process run in
+    the test process), or None (the caller starts a new interpreter) when there is none or the
+    launch is not one it may serve."""
+    env = {str(k): str(v) for k, v in env.items()}
+    args = [str(a) for a in args]
+    script = _script(args, env)
+    if path is None:  # the zygote of this environment that this process started
+        z = zygote_of(env, local_rank)
+        if z is None or script is None or not z.ready(120):
+            return None
+        path = z.path
+    elif script is None or not _wait_for(path, 120):
         return None
     fds = [(f.fileno() if f is not None else fd) for f, fd in ((stdout, 1), (stderr, 2))]
-    request = json.dumps({"argv": args, "env": env, "cwd": cwd or os.getcwd()}).encode()
+    request = json.dumps({"argv": args, "script": script, "env": env,
+                          "cwd": cwd or os.getcwd()}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        conn.connect(z.path)
+        conn.connect(path)
         socket.send_fds(conn, [request], fds)
         reply = conn.recv(4096)
     except OSError:
         conn.close()
         return None
-    if not reply.startswith(b"pid "):  # "refuse <why>": too long for the zygote's room
+    if not reply.startswith(b"pid "):  # "refuse <why>": another environment, or too long
         conn.close()
         return None
     return Worker(conn, int(reply.split()[1]), args)
+
+
+def horovod_execute(paths: dict[int, str]) -> None:
+    """horovod's ``safe_shell_exec.execute`` for horovodrun --gloo's local workers, each a fork of
+    its local rank's zygote (``paths``: the zygotes' sockets), run as horovod runs them: lines
+    prefixed "[rank]<stdout>:" by horovod's own ``prefix_connection``, stopped (SIGTERM, then
+    SIGKILL after horovod's grace) when one of ``events`` is set, a signal's exit status as the
+    shell reports it (128 + N). Any command that is not ``env K=V ... python script ...`` goes to
+    horovod's own."""
+    import shlex
+    import threading
+
+    from horovod.runner.common.util import safe_shell_exec
+
+    original = safe_shell_exec.execute
+
+    def execute(command, env=None, stdout=None, stderr=None, index=None, events=None,
+                prefix_output_with_timestamp=False):
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            words = []
+        if env is not None or not words or words[0] != "env":
+            return original(command, env, stdout, stderr, index, events,
+                            prefix_output_with_timestamp)
+        assigned = {}
+        at = 1
+        while at < len(words) and "=" in words[at] and not words[at].startswith("="):
+            key, value = words[at].split("=", 1)
+            assigned[key] = value
+            at += 1
+        argv = words[at:]
+        worker_env = {**os.environ, **assigned}
+        local = int(assigned.get("HOROVOD_LOCAL_RANK", -1))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        with open(out_w, "w") as out, open(err_w, "w") as err:
+            worker = spawn(argv, worker_env, out, err, local, path=paths.get(local))
+        if worker is None:
+            os.close(out_r)
+            os.close(err_r)
+            return original(command, env, stdout, stderr, index, events,
+                            prefix_output_with_timestamp)
+        forward = [threading.Thread(target=safe_shell_exec.prefix_connection, daemon=True,
+                                    args=(open(fd, "rb"), stream, name, index,
+                                          prefix_output_with_timestamp))
+                   for fd, stream, name in ((out_r, stdout or sys.stdout, "stdout"),
+                                            (err_r, stderr or sys.stderr, "stderr"))]
+        for thread in forward:
+            thread.start()
+        while worker.poll() is None:
+            if any(event.is_set() for event in events or ()):
+                worker.send_signal(signal.SIGTERM)
+                try:
+                    worker.wait(safe_shell_exec.GRACEFUL_TERMINATION_TIME_S)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                break
+            try:
+                worker.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        code = worker.wait()
+        for thread in forward:
+            thread.join()
+        return 128 + abs(code) if code < 0 else code
+
+    safe_shell_exec.execute = execute
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,8 +403,12 @@ def _serve(path: str) -> None:
     libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: gone with the test process
     import gc
     import importlib
+    started = dict(os.environ)
+    own = _key(started)  # what a worker must share with this zygote
     for name in PRELOAD:
         importlib.import_module(name)
+    # what the imports set in os.environ (torch: TORCHINDUCTOR_CACHE_DIR), as a worker's would
+    set_by_imports = {k: v for k, v in os.environ.items() if k not in started}
     gc.collect()
     gc.freeze()  # what the workers share stays shared: no collection touches its pages
     arg_start, arg_end, env_start, env_end = _regions()
@@ -323,9 +454,13 @@ def _serve(path: str) -> None:
             continue
         argv_block = b"\0".join(os.fsencode(a) for a in request["argv"]) + b"\0"
         env_block = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in request["env"].items())
-        if len(fds) != 2 or len(argv_block) > arg_end - arg_start \
-                or len(env_block) > env_end - env_start:
-            conn.send(b"refuse too long")
+        env = request["env"]
+        why = ("files" if len(fds) != 2 else
+               "environment" if _key(env) != own else
+               "too long" if len(argv_block) > arg_end - arg_start
+               or len(env_block) > env_end - env_start else None)
+        if why:
+            conn.send(b"refuse " + why.encode())
             conn.close()
             for fd in fds:
                 os.close(fd)
@@ -340,7 +475,8 @@ def _serve(path: str) -> None:
             os.close(wake_r)
             os.close(wake_w)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _become(request, fds, (arg_start, arg_end, argv_block), (env_start, env_end, env_block))
+            _become(request, fds, (arg_start, arg_end, argv_block), (env_start, env_end, env_block),
+                    set_by_imports)
             # _become raises SystemExit: the interpreter's own exit, as a script's
         for fd in fds:
             os.close(fd)
@@ -351,7 +487,7 @@ def _serve(path: str) -> None:
             pass
 
 
-def _become(request: dict, fds: list[int], args_area, env_area) -> None:
+def _become(request: dict, fds: list[int], args_area, env_area, set_by_imports: dict) -> None:
     """In the fork: become ``python -u script ...`` as a new interpreter would be, run it, exit."""
     import ctypes
     import io
@@ -369,6 +505,8 @@ def _become(request: dict, fds: list[int], args_area, env_area) -> None:
     os.environ.update(request["env"])
     for start, end, block in (args_area, env_area):  # what /proc/PID/cmdline and environ show
         ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
+    for key, value in set_by_imports.items():  # after /proc: a new process's shows its start
+        os.environ.setdefault(key, value)
     os.chdir(request["cwd"])
 
     import torch
@@ -392,11 +530,11 @@ def _become(request: dict, fds: list[int], args_area, env_area) -> None:
         io.FileIO(2, "w", closefd=False), encoding=enc_err, errors="backslashreplace",
         write_through=True, line_buffering=os.isatty(2))
 
-    argv = request["argv"]
-    script = os.path.abspath(argv[2])
-    sys.argv = argv[2:]
+    argv, at = request["argv"], request["script"]
+    script = os.path.abspath(argv[at])
+    sys.argv = argv[at:]
     sys.orig_argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.realpath(argv[2]))
+    sys.path[0] = os.path.dirname(os.path.realpath(argv[at]))
     main = types.ModuleType("__main__")
     main.__file__ = script
     main.__builtins__ = __builtins__
