@@ -75,7 +75,7 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if [str(arg) for arg in cmd[1:3]] == ["-m", "dpcourse.lab.horovodrun"]:  # its gloo workers
         nproc = next((int(cmd[i + 1]) for i in range(len(cmd) - 1) if cmd[i] == "-np"), 0)
-        full_env.update(zygote.sockets(nproc, full_env))
+        full_env.update(zygote.sockets(nproc, full_env, cwd))
     if _can_fork(cmd):
         # arguments as Popen takes them (paths, numbers)
         proc = _ForkedTorchrun([str(arg) for arg in cmd[3:]], full_env, cwd=cwd)
@@ -91,8 +91,8 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
             reader.join(timeout=30)
             proc.stdout.close()
         return subprocess.CompletedProcess(cmd, proc.returncode, "".join(said))
-    if zygote.enabled():  # a one-process lab (lab_cmd(1, ...)): a fork of rank 0's zygote
-        zygote.ensure(1, full_env)
+    if zygote.enabled() and zygote._script([str(a) for a in cmd], full_env) is not None:
+        zygote.ensure(1, full_env, cwd)  # a one-process lab (lab_cmd(1, ...)): a fork of rank 0's
         read, write = os.pipe()
         with open(write, "w") as out:
             proc = zygote.spawn(cmd, full_env, out, out, 0, cwd=str(cwd))

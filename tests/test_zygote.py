@@ -26,6 +26,9 @@ PROBE = textwrap.dedent('''
             return [p.decode() for p in f.read().split(b"\\0") if p]
 
     said = {
+        "main_keys": sorted(k for k in globals() if k.startswith("__")),
+        "main_loader": type(__loader__).__name__, "annotations": __annotations__,
+        "stdin_type": [type(sys.stdin).__name__, type(sys.stdin.buffer).__name__],
         "argv": sys.argv, "path0": sys.path[0], "file": __file__, "cwd": os.getcwd(),
         "orig_argv": sys.orig_argv, "name": __name__,
         "main_is_me": sys.modules["__main__"].__dict__ is globals(),
@@ -37,7 +40,8 @@ PROBE = textwrap.dedent('''
         "streams": [(s.encoding, s.errors, s.line_buffering, s.write_through)
                     for s in (sys.stdout, sys.stderr)],
         "handlers": {n: str(signal.getsignal(getattr(signal, n)))
-                     for n in ("SIGINT", "SIGTERM", "SIGCHLD", "SIGPIPE", "SIGHUP")},
+                     for n in ("SIGINT", "SIGTERM", "SIGCHLD", "SIGPIPE", "SIGHUP", "SIGQUIT",
+                               "SIGUSR1", "SIGALRM", "SIGXFSZ")},
         "gc": [gc.get_freeze_count(), gc.isenabled(), gc.get_threshold()],
         "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "random": [torch.initial_seed(), random.random(), float(numpy.random.random()),
@@ -52,7 +56,9 @@ ENDINGS = {  # what a script does last: each must end the zygote's worker as it 
     "code": "sys.exit(3)",
     "message": "sys.exit('bye: a message')",
     "exception": "def f():\n    raise ValueError('a learner error')\nf()",
-    "interrupt": "raise KeyboardInterrupt",
+    "interrupt": "import atexit\natexit.register(lambda: print('atexit ran', flush=True))\n"
+                 "raise KeyboardInterrupt",
+    "syntax": "x = (",
     "atexit": "import atexit\natexit.register(lambda: print('atexit ran', flush=True))",
     "thread": "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), "
               "print('thread ran', flush=True))).start()",
@@ -81,14 +87,23 @@ def _start(how, script, args, env, tmp_path, rank=0):
     (``Popen``) or a fork of local rank ``rank``'s zygote."""
     out, err = open(tmp_path / f"{how}.out", "w"), open(tmp_path / f"{how}.err", "w")
     argv = [sys.executable, "-u", str(script), *map(str, args)]
-    if how == "fresh":
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
+    if how == "fresh":  # as torchrun's agent starts it: stdin /dev/null, its signals by default
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True,
+                                stdin=subprocess.DEVNULL, preexec_fn=_agents_signals)
     else:
         proc = zygote.spawn(argv, env, out, err, rank)
         assert proc is not None, "the zygote refused a launch it may serve"
     out.close()
     err.close()
     return proc, tmp_path / f"{how}.out", tmp_path / f"{how}.err"
+
+
+def _agents_signals():
+    """What a worker of torchrun's agent starts with: the agent takes SIGINT and SIGTERM back from
+    whatever ignored them and torchrun handles SIGHUP and SIGQUIT, so exec leaves all four at their
+    defaults (the test process may run under nohup, or in the background with SIGINT ignored)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _said(how, env, tmp_path, rank=0):
@@ -153,9 +168,24 @@ def test_what_torchs_import_sets_in_the_environment_a_worker_has_as_a_new_one_do
     assert "TORCHINDUCTOR_CACHE_DIR" not in forked["proc_environ"]  # as a new process's start
 
 
-def test_its_worker_takes_its_own_threads_from_omp_num_threads(zygotes, tmp_path):
-    forked, _, _ = _said("zygote", {**zygotes, "OMP_NUM_THREADS": "2"}, tmp_path)
-    assert forked["torch_threads"] == 2
+def test_a_worker_with_more_than_one_openmp_thread_is_a_new_interpreter(zygotes, tmp_path):
+    """OpenMP starts its pool of OMP_NUM_THREADS threads when torch loads; a fork would have none
+    of them (GNU OpenMP hangs there): such a launch gets no zygote, and a zygote that has threads
+    serves no one."""
+    two = {**zygotes, "OMP_NUM_THREADS": "2"}
+    for _ in range(2):  # met twice: still none
+        zygote.ensure(1, two)
+    assert zygote.zygote_of(two, 0) is None
+    assert zygote.spawn([sys.executable, "-u", tmp_path / "x.py"], two, None, None, 0) is None
+    threaded = zygote.Zygote(0, two, os.getcwd())  # one started all the same: it refuses
+    try:
+        assert threaded.ready(120)
+        assert zygote.spawn([sys.executable, "-u", tmp_path / "x.py"], two, None, None, 0,
+                            path=threaded.path) is None
+    finally:
+        threaded.stop()
+    fresh, _, _ = _said("fresh", two, tmp_path)
+    assert fresh["torch_threads"] == 2
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
@@ -171,7 +201,7 @@ def test_it_ends_as_a_new_interpreter_ends(zygotes, tmp_path, ending):
                      kept.read_text() if kept.exists() else None)
     assert seen["zygote"] == seen["fresh"]
     code, out, err, kept = seen["zygote"]
-    expected = {"code": 3, "message": 1, "exception": 1, "interrupt": -signal.SIGINT}
+    expected = {"code": 3, "message": 1, "exception": 1, "interrupt": -signal.SIGINT, "syntax": 1}
     assert code == expected.get(ending, 0)
     if ending == "exception":
         assert err.startswith("Traceback (most recent call last):\n  File ") and \
@@ -179,6 +209,20 @@ def test_it_ends_as_a_new_interpreter_ends(zygotes, tmp_path, ending):
         assert "zygote" not in err
     if ending == "unflushed":
         assert kept == "kept"
+    if ending == "interrupt":  # the rest of the exit first, then the signal
+        assert out == "started\natexit ran\n"
+    if ending == "syntax":
+        assert out == "" and err.startswith("  File ")
+        assert "SyntaxError: '(' was never closed" in err
+
+
+def test_a_script_it_cannot_open_is_said_as_the_interpreter_says_it(zygotes, tmp_path):
+    seen = {}
+    for how in ("fresh", "zygote"):
+        proc, out, err = _start(how, tmp_path / "no_such_lab.py", [], zygotes, tmp_path)
+        seen[how] = (proc.wait(60), out.read_text(), err.read_text())
+    assert seen["zygote"] == seen["fresh"]
+    assert seen["zygote"][0] == 2 and "can't open file" in seen["zygote"][2]
 
 
 def test_torchruns_agent_can_stop_its_worker_by_its_session(zygotes, tmp_path):
@@ -212,6 +256,12 @@ def test_a_launch_it_cannot_be_is_given_a_new_interpreter(zygotes, tmp_path):
     for why, (argv, env) in refused.items():
         assert zygote.spawn(argv, env, None, None, 0) is None, why
     assert zygote.spawn([sys.executable, "-u", script], zygotes, None, None, 5) is None  # no zygote
+    # the zygote itself refuses another environment, asked by its socket (as horovodrun asks)
+    path = zygote.zygote_of(zygotes, 0).path
+    assert zygote.spawn([sys.executable, "-u", script], _env(TORCH_DISTRIBUTED_DEBUG="DETAIL"),
+                        None, None, 0, path=path) is None
+    assert zygote.spawn([sys.executable, "-u", script], zygotes, None, None, 0, cwd="/",
+                        path=path) is None  # another directory
     # a runtime variable may differ: torchrun's, the course's own
     ok = zygote.spawn([sys.executable, "-u", script], _env(RANK="1", DPCOURSE_LABS="/x"),
                       None, None, 0)

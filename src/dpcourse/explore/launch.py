@@ -306,7 +306,7 @@ class _ForkedTorchrun:
     def __init__(self, args: list[str], env: dict, cwd: str | os.PathLike | None = None):
         env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
         from dpcourse.explore import zygote
-        zygote.before_agent(args, env)  # the test suite's forked workers; off elsewhere
+        zygote.before_agent(args, env, cwd)  # the test suite's forked workers; off elsewhere
         parent = os.getpid()
         read, write = os.pipe()
         stop_signals = {signal.SIGINT, signal.SIGTERM}
@@ -418,6 +418,19 @@ def _workers_from_zygotes() -> None:
         return worker if worker is not None else popen(self, args, env)
 
     handler._popen = _popen
+    close = handler.close
+
+    def _close(self, death_sig=None):
+        try:
+            close(self, death_sig)
+        except ProcessLookupError:  # its session is gone: the zygote has reaped the worker, where
+            if not isinstance(self.proc, zygote.Worker):  # Popen's zombie would still take it
+                raise
+            for f in (self._stdout, self._stderr):
+                if f:
+                    f.close()
+
+    handler.close = _close
 
 
 def failure_summary(agent_lines: list[str], returncode: int, launcher: str = "torchrun") -> str:

@@ -10,40 +10,60 @@ What a worker started this way is, and how each difference from ``python -u lab.
 (``tests/test_zygote.py`` compares the two, item by item):
 
 - Its interpreter has imported torch, ``torch.distributed`` and ``torch._dynamo`` and used none of
-  them: no thread pool has started.
+  them. A zygote whose imports started a thread (OpenMP starts its pool on import unless
+  OMP_NUM_THREADS is 1: a fork has no pool, and GNU OpenMP hangs in it), or said anything (a
+  warning, a line on its stderr, which a new interpreter would say in every worker), serves no
+  one; none is started for a launch whose OMP_NUM_THREADS is not 1.
 - Its environment is the one asked for (``os.environ``, and ``/proc/PID/environ``, rewritten in
   place), with what the zygote's imports set in ``os.environ`` where unset (torch's compiler sets
   TORCHINDUCTOR_CACHE_DIR), as a worker that builds an optimizer or a DDP, and so imports
-  ``torch._dynamo``, has it. Variables that torch, numpy or tqdm read when imported must be the
-  zygote's own (the zygote refuses any other): a launch whose environment differs from it in
-  anything but the variables a worker reads at run time (``RUNTIME``) is served by zygotes
-  started with its own (the last ``POOLS`` environments' are kept; a one-off environment gets new
-  interpreters); one that is not ``python -u script ...`` (or ``python script ...`` with
-  PYTHONUNBUFFERED set) gets a new interpreter.
-- Its ``/proc/PID/cmdline`` is its command line, rewritten in place (followed by NUL bytes up to
-  the zygote's own length), ``sys.argv``, ``sys.path[0]``, ``__main__`` and its ``__file__`` are
-  those of ``python -u script``; it runs in its own session, in the directory asked for, with
-  stdin from /dev/null, stdout and stderr unbuffered on the files torchrun gave, and no other file
-  open.
-- Its ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (OpenMP read the zygote's when
-  torch loaded); torch's, Python's and numpy's random generators are seeded anew from the OS, as a
-  new process's are.
-- Each local rank has its own zygote, so ranks do not share Python's string-hash secret.
-- It exits as the interpreter would: ``SystemExit``'s code, an uncaught exception's traceback
-  (``sys.excepthook``) and exit status 1, atexit handlers, non-daemon threads joined, files
-  flushed. Its parent is the zygote, not torchrun's agent: the agent waits on it through the
-  zygote's socket, and signals it by its pid and session, as it would a child.
+  ``torch._dynamo``, has it. Variables that torch, numpy (OpenBLAS: OMP_NUM_THREADS) or tqdm read
+  when imported, and the directory they note (``torch._dynamo``'s debug folder,
+  ``multiprocessing``'s), must be the zygote's own: the zygote refuses any other. A launch that
+  differs from it in anything but the variables a worker reads at run time (``RUNTIME``) is
+  served by zygotes started with its environment in its directory (the last ``POOLS`` kinds are
+  kept; a one-off kind gets new interpreters); one that is not ``python -u script ...`` (or
+  ``python script ...`` with PYTHONUNBUFFERED set) gets a new interpreter.
+- Its ``/proc/PID/cmdline`` is its command line, rewritten in place, and ``sys.argv``,
+  ``sys.orig_argv``, ``sys.path[0]``, ``__main__`` with its ``__file__`` and ``__loader__`` are
+  those of ``python -u script``; it runs in its own session (before its pid is given), in the
+  directory asked for, with stdin from /dev/null, stdout and stderr unbuffered on the files torchrun
+  gave, no other file open, the signal handlers and mask of a process that torchrun's agent starts.
+- Torch's, Python's and numpy's random generators are seeded anew from the OS, as a new process's
+  are. Each local rank has its own zygote, so the ranks of a launch do not share Python's
+  string-hash secret.
+- It exits as the interpreter would: ``SystemExit``'s code and message; an uncaught exception's
+  traceback (``sys.excepthook``, ``sys.last_*`` kept), status 1; a syntax error's place, status 1;
+  a script it cannot open, status 2; an uncaught KeyboardInterrupt by SIGINT after the rest of the
+  exit; atexit handlers, non-daemon threads joined, files flushed.
 
-What stays different: the worker's parent is the zygote; its /proc command line and environment are
-followed by NUL bytes up to the zygote's own length; ``py-spy dump`` shows the zygote's two frames
-(``_serve``, ``_become``) under the lab's; the objects it has from the zygote (torch's) stay frozen
-(``gc.freeze``), so its collections, its exit's included, do not walk them, as a lab's exit does not
-(``dpcourse.lab`` freezes at exit): walking them in a fork copies every page they are on, a second
-of each worker's exit.
+What stays different:
 
-The zygote is started by the test process (``ensure``) and dies with it (``PR_SET_PDEATHSIG``).
-This file runs as a script (the zygote) and is imported (the client); the zygote imports nothing of
-``dpcourse``, so a worker's ``import dpcourse`` reads the files as they are.
+- Its parent is the zygote, not torchrun's agent: the agent waits on it through the zygote's
+  socket and signals it by pid and session (a session already gone, once the zygote has reaped
+  the worker, is a worker that has ended, where Popen's zombie would still take the signal). A
+  zygote that dies takes its workers with it (SIGKILL), as torchrun is told.
+- Its /proc command line and environment are followed by NUL bytes up to the zygote's own
+  length (``ps`` shows spaces; psutil's ``cmdline()`` empty strings); GLIBC_TUNABLES in /proc is
+  as set, not split as glibc splits it at a process's start.
+- ``py-spy dump``, ``inspect.stack()`` and ``traceback.print_stack()`` show the zygote's three
+  frames (``<module>``, ``_serve``, ``_become``) under the lab's.
+- A script that imports no ``torch._dynamo`` has it all the same (and its environment variable).
+- The objects it has from the zygote (torch's) stay frozen (``gc.freeze``), so its collections,
+  its exit's included, do not walk them, as a lab's exit does not (``dpcourse.lab`` freezes at
+  exit): walking them in a fork copies every page they are on, a second of each worker's exit.
+- The string-hash secret and the address layout of a rank are the same at every launch of the
+  session, and two agents on one host (a two-node test) share a zygote per local rank.
+- Its CPU time is counted under the zygote, not the test's process.
+
+The zygote is started by the test process (``ensure``, from its main thread) and dies with it
+(``PR_SET_PDEATHSIG``). This file runs as a script (the zygote) and is imported (the client); the
+zygote imports nothing of ``dpcourse``, and drops its own folder from ``sys.path``, so a worker's
+``import dpcourse`` reads the files as they are.
+
+horovodrun --gloo's workers (``horovod_execute``) are served alike, when the suite passes
+horovodrun the zygotes' sockets: horovod's output prefixes, its stop on another worker's failure,
+and its middleman's end of the workers when horovodrun goes.
 """
 from __future__ import annotations
 
@@ -56,6 +76,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 # What a worker reads at run time, never on import: torchrun's and horovodrun's per-worker
@@ -63,8 +84,8 @@ import time
 # difference from the zygote's environment starts a new interpreter.
 RUNTIME = ("LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
            "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-           "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "OMP_NUM_THREADS",
-           "PYTHONUNBUFFERED", "NCCL_SOCKET_IFNAME")
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTEST_CURRENT_TEST", "PYTHONUNBUFFERED",
+           "NCCL_SOCKET_IFNAME")
 # horovodrun's per-worker variables: read by hvd.init(), and the zygote imports no horovod
 RUNTIME_PREFIXES = ("TORCHELASTIC_", "DPCOURSE_", "HOROVOD_")
 PAD = "DPCOURSE_ZYGOTE_PAD"  # the zygote's room for a worker's environment in /proc/PID/environ
@@ -102,8 +123,8 @@ def enabled() -> bool:
 
 
 class Zygote:
-    def __init__(self, rank: int, env: dict):
-        self.rank, self.env = rank, {k: str(v) for k, v in env.items() if k != PAD}
+    def __init__(self, rank: int, env: dict, cwd: str):
+        self.rank, self.env, self.cwd = rank, {k: str(v) for k, v in env.items() if k != PAD}, cwd
         # one name per zygote: another environment's zygote of the same rank has its own
         name = f"zygote-{os.getpid()}-{next(_numbers)}-{rank}.sock"
         self.path = os.path.join(_socket_dir(), name)
@@ -112,8 +133,8 @@ class Zygote:
         full = {**self.env, PAD: "x" * ENV_ROOM}  # last: the room in /proc/PID/environ
         self.proc = subprocess.Popen(
             [sys.executable, __file__, self.path, "." * ARG_ROOM], env=full,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-            start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, cwd=cwd)
 
     def alive(self) -> bool:
         """Whether the zygote runs: asked by its state in /proc, which the agent (a fork of the
@@ -148,18 +169,23 @@ def _socket_dir() -> str:
 
 
 def _key(env: dict) -> tuple:
-    return (tuple(sorted(_fixed(env).items())), "OMP_NUM_THREADS" in env)
+    return tuple(sorted(_fixed(env).items()))
 
 
-def ensure(nproc: int, env: dict) -> None:
+def ensure(nproc: int, env: dict, cwd: str | None = None) -> None:
     """In the test process, before it forks torchrun's agent: a zygote for each of local ranks
-    0..nproc-1 whose environment is ``env`` (the agent's) in what a worker reads on import. The
-    session's first environment gets zygotes at once, any other when it comes a second time (a
-    test's one-off environment is not worth starting zygotes for); the zygotes of the ``POOLS``
-    environments used last are kept, older ones stopped."""
-    if not enabled():
+    0..nproc-1 whose environment is ``env`` (the agent's) in what a worker reads on import, started
+    in ``cwd`` (the agent's; torch's compiler and multiprocessing note it on import). The session's
+    first environment gets zygotes at once, any other when it comes a second time (a test's one-off
+    environment is not worth starting zygotes for); the zygotes of the ``POOLS`` environments used
+    last are kept, older ones stopped. Only the main thread starts zygotes: a zygote dies with the
+    thread that started it (PR_SET_PDEATHSIG)."""
+    if not enabled() or threading.current_thread() is not threading.main_thread():
         return
-    key = _key(env)
+    if env.get("OMP_NUM_THREADS") != "1":  # OpenMP would start its pool on import: no zygote
+        return
+    cwd = os.path.abspath(cwd or os.getcwd())
+    key = (_key(env), cwd)
     if key not in _pools and not _seen.get(key) and _pools:
         _seen[key] = 1  # a one-off environment (a test's): new interpreters, no zygotes to start
         return
@@ -167,14 +193,14 @@ def ensure(nproc: int, env: dict) -> None:
     _pools.move_to_end(key)
     for rank in range(nproc):
         if rank not in pool or not pool[rank].alive():
-            pool[rank] = Zygote(rank, env)
+            pool[rank] = Zygote(rank, env, cwd)
     while len(_pools) > POOLS:
         for z in _pools.popitem(last=False)[1].values():
             z.stop()
 
 
-def zygote_of(env: dict, local_rank: int) -> "Zygote | None":
-    return _pools.get(_key(env), {}).get(local_rank)
+def zygote_of(env: dict, local_rank: int, cwd: str | None = None) -> "Zygote | None":
+    return _pools.get((_key(env), os.path.abspath(cwd or os.getcwd())), {}).get(local_rank)
 
 
 def stop_all() -> None:
@@ -188,13 +214,13 @@ def stop_all() -> None:
 SOCKETS = "DPCOURSE_ZYGOTE_SOCKETS"
 
 
-def sockets(nproc: int, env: dict) -> dict:
+def sockets(nproc: int, env: dict, cwd: str | None = None) -> dict:
     """For a launcher that is a new interpreter (horovodrun): ``{SOCKETS: "0=path,1=path"}``, the
     sockets of the zygotes of ranks 0..nproc-1 for ``env``, or {} where there are none."""
     if not enabled():
         return {}
-    ensure(nproc, env)
-    pool = _pools.get(_key(env), {})
+    ensure(nproc, env, cwd)
+    pool = _pools.get((_key(env), os.path.abspath(cwd or os.getcwd())), {})
     if any(rank not in pool for rank in range(nproc)):
         return {}
     return {SOCKETS: ",".join(f"{rank}={pool[rank].path}" for rank in range(nproc))}
@@ -211,11 +237,11 @@ def _nproc(args: list[str]) -> int | None:
     return None
 
 
-def before_agent(args: list[str], env: dict) -> None:
+def before_agent(args: list[str], env: dict, cwd: str | None = None) -> None:
     """In the test process, before it forks an agent with torchrun ``args``: start its zygotes."""
     n = _nproc(args)
     if enabled() and n:
-        ensure(n, env)
+        ensure(n, env, cwd)
 
 
 class Worker:
@@ -230,10 +256,15 @@ class Worker:
     def _read(self, timeout: float | None) -> None:
         if self.returncode is not None:
             return
-        ready, _, _ = select.select([self.conn], [], [], timeout)
-        if ready:
+        poller = select.poll()
+        poller.register(self.conn, select.POLLIN)
+        if poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
             msg = self.conn.recv(64)
-            # "exit N"; nothing: the zygote died, and its worker with it or soon
+            if not msg.startswith(b"exit "):  # the zygote died: its worker goes too, as said
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
             self.returncode = int(msg.split()[1]) if msg.startswith(b"exit ") else -9
             self.conn.close()
 
@@ -285,7 +316,7 @@ def _script(args: list[str], env: dict) -> int | None:
 
 
 def spawn(args, env: dict, stdout, stderr, local_rank: int, cwd: str | None = None,
-          path: str | None = None):
+          path: str | None = None, tied: bool = False):
     """``args`` (``python -u script ...``, or ``python script ...`` with PYTHONUNBUFFERED set) as a
     fork of local rank ``local_rank``'s zygote (in torchrun's agent, or for a one-process run in
     the test process), or None (the caller starts a new interpreter) when there is none or the
@@ -294,16 +325,17 @@ def spawn(args, env: dict, stdout, stderr, local_rank: int, cwd: str | None = No
     args = [str(a) for a in args]
     script = _script(args, env)
     if path is None:  # the zygote of this environment that this process started
-        z = zygote_of(env, local_rank)
+        z = zygote_of(env, local_rank, cwd)
         if z is None or script is None or not z.ready(120):
             return None
         path = z.path
     elif script is None or not _wait_for(path, 120):
         return None
     fds = [(f.fileno() if f is not None else fd) for f, fd in ((stdout, 1), (stderr, 2))]
-    request = json.dumps({"argv": args, "script": script, "env": env,
-                          "cwd": cwd or os.getcwd()}).encode()
+    request = json.dumps({"argv": args, "script": script, "env": env, "tied": tied,
+                          "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.settimeout(60)  # a zygote that does not answer: a new interpreter
     try:
         conn.connect(path)
         socket.send_fds(conn, [request], fds)
@@ -311,6 +343,7 @@ def spawn(args, env: dict, stdout, stderr, local_rank: int, cwd: str | None = No
     except OSError:
         conn.close()
         return None
+    conn.settimeout(None)
     if not reply.startswith(b"pid "):  # "refuse <why>": another environment, or too long
         conn.close()
         return None
@@ -352,7 +385,8 @@ def horovod_execute(paths: dict[int, str]) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         with open(out_w, "w") as out, open(err_w, "w") as err:
-            worker = spawn(argv, worker_env, out, err, local, path=paths.get(local))
+            worker = spawn(argv, worker_env, out, err, local, path=paths.get(local),
+                           tied=True)  # horovod's middleman ends it when horovodrun goes
         if worker is None:
             os.close(out_r)
             os.close(err_r)
@@ -371,7 +405,10 @@ def horovod_execute(paths: dict[int, str]) -> None:
                 try:
                     worker.wait(safe_shell_exec.GRACEFUL_TERMINATION_TIME_S)
                 except subprocess.TimeoutExpired:
-                    worker.kill()
+                    try:
+                        os.killpg(worker.pid, signal.SIGKILL)  # and what it started
+                    except ProcessLookupError:
+                        pass
                 break
             try:
                 worker.wait(0.1)
@@ -399,16 +436,38 @@ def _regions() -> tuple[int, int, int, int]:
 
 def _serve(path: str) -> None:
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: gone with the test process
     import gc
     import importlib
+    import tempfile
+    import warnings
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: gone with the test process
+    del sys.path[0]  # this file's folder: nothing in it may stand for what torch imports
+    # a worker's signals as torchrun's agent leaves them (Python's own, the rest by default), not
+    # as the test process had them (ignored under nohup, say)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     started = dict(os.environ)
-    own = _key(started)  # what a worker must share with this zygote
-    for name in PRELOAD:
-        importlib.import_module(name)
+    own = _key(started), os.getcwd()  # what a worker must share with this zygote
+    # What the imports say (a warning, a C++ message on fd 2) a new interpreter would say in every
+    # worker: a zygote that heard anything serves no one (every launch a new interpreter).
+    said = tempfile.TemporaryFile()
+    stderr = os.dup(2)
+    os.dup2(said.fileno(), 2)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for name in PRELOAD:
+            importlib.import_module(name)
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    said.seek(0)
+    heard = bool(warned) or bool(said.read(1))
+    said.close()
     # what the imports set in os.environ (torch: TORCHINDUCTOR_CACHE_DIR), as a worker's would
     set_by_imports = {k: v for k, v in os.environ.items() if k not in started}
+    threads = len(os.listdir("/proc/self/task"))  # 1: no pool started (OMP_NUM_THREADS=1)
     gc.collect()
     gc.freeze()  # what the workers share stays shared: no collection touches its pages
     arg_start, arg_end, env_start, env_end = _regions()
@@ -423,8 +482,9 @@ def _serve(path: str) -> None:
     server.listen(64)
     os.rename(path + ".new", path)  # the client waits for the name: bound and listening
     waiting: dict[int, socket.socket] = {}
+    tied: dict[socket.socket, int] = {}  # a client whose worker goes when it goes (horovod's)
     while True:
-        ready, _, _ = select.select([server, wake_r], [], [], 5.0)
+        ready, _, _ = select.select([server, wake_r, *tied], [], [], 5.0)
         try:
             os.read(wake_r, 4096)
         except BlockingIOError:
@@ -438,14 +498,21 @@ def _serve(path: str) -> None:
                 break
             conn = waiting.pop(pid, None)
             if conn is not None:
+                tied.pop(conn, None)
                 try:
                     conn.send(b"exit %d" % os.waitstatus_to_exitcode(status))
                 except OSError:
                     pass
                 conn.close()
+        for conn in [c for c in ready if c in tied]:  # its client has gone: so does its worker
+            try:
+                os.killpg(tied.pop(conn), signal.SIGKILL)
+            except OSError:
+                pass
         if server not in ready:
             continue
         conn, _ = server.accept()
+        conn.settimeout(30)
         try:
             msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
             request = json.loads(msg)
@@ -453,10 +520,12 @@ def _serve(path: str) -> None:
             conn.close()
             continue
         argv_block = b"\0".join(os.fsencode(a) for a in request["argv"]) + b"\0"
-        env_block = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in request["env"].items())
         env = request["env"]
+        env_block = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in env.items())
         why = ("files" if len(fds) != 2 else
-               "environment" if _key(env) != own else
+               "what it heard on import" if heard else
+               f"{threads} threads" if threads != 1 else
+               "environment" if (_key(env), request["cwd"]) != own else
                "too long" if len(argv_block) > arg_end - arg_start
                or len(env_block) > env_end - env_start else None)
         if why:
@@ -465,6 +534,7 @@ def _serve(path: str) -> None:
             for fd in fds:
                 os.close(fd)
             continue
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             server.close()
@@ -474,13 +544,21 @@ def _serve(path: str) -> None:
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
+            os.close(go_r)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setsid()  # before the client hears its pid: torchrun may signal its session then
+            os.close(go_w)
             _become(request, fds, (arg_start, arg_end, argv_block), (env_start, env_end, env_block),
                     set_by_imports)
             # _become raises SystemExit: the interpreter's own exit, as a script's
+        os.close(go_w)
+        os.read(go_r, 1)  # EOF once the child has its session
+        os.close(go_r)
         for fd in fds:
             os.close(fd)
         waiting[pid] = conn
+        if request.get("tied"):
+            tied[conn] = pid
         try:
             conn.send(b"pid %d" % pid)
         except OSError:
@@ -488,13 +566,23 @@ def _serve(path: str) -> None:
 
 
 def _become(request: dict, fds: list[int], args_area, env_area, set_by_imports: dict) -> None:
-    """In the fork: become ``python -u script ...`` as a new interpreter would be, run it, exit."""
+    """In the fork (its own session already): become ``python -u script ...`` as a new interpreter
+    would be, run it, exit as it would."""
+    import atexit
     import ctypes
+    import importlib.machinery
     import io
     import random
     import types
 
-    os.setsid()
+    interrupted = []
+
+    def die_by_sigint():  # registered first, so run last: Python's exit on an uncaught ^C
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    atexit.register(die_by_sigint)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(fds[0], 1)
@@ -507,53 +595,61 @@ def _become(request: dict, fds: list[int], args_area, env_area, set_by_imports: 
         ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
     for key, value in set_by_imports.items():  # after /proc: a new process's shows its start
         os.environ.setdefault(key, value)
-    os.chdir(request["cwd"])
 
     import torch
-    if "OMP_NUM_THREADS" in os.environ:
-        try:
-            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        except ValueError:
-            pass
     torch.default_generator.seed()  # a new process's: 64 random bits of its own
     random.seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
 
-    enc_out, enc_err = sys.__stdout__.encoding, sys.__stderr__.encoding
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False),
-                                                 encoding=sys.__stdin__.encoding)
+    # -u: stdout and stderr unbuffered (write-through), stdin buffered, as Python makes them
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=sys.__stdin__.encoding,
+        errors=sys.__stdin__.errors)
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding=enc_out, errors=sys.__stdout__.errors,
-        write_through=True, line_buffering=os.isatty(1))
+        io.FileIO(1, "w", closefd=False), encoding=sys.__stdout__.encoding,
+        errors=sys.__stdout__.errors, write_through=True)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding=enc_err, errors="backslashreplace",
-        write_through=True, line_buffering=os.isatty(2))
+        io.FileIO(2, "w", closefd=False), encoding=sys.__stderr__.encoding,
+        errors="backslashreplace", write_through=True)
 
     argv, at = request["argv"], request["script"]
-    script = os.path.abspath(argv[at])
+    try:
+        os.chdir(request["cwd"])
+        script = os.path.abspath(argv[at])
+        with io.open_code(script) as f:
+            source = f.read()
+    except OSError as err:  # as the interpreter says it, with its status
+        print(f"{argv[0]}: can't open file {os.path.abspath(argv[at])!r}: [Errno {err.errno}] "
+              f"{err.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
     sys.argv = argv[at:]
     sys.orig_argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.realpath(argv[at]))
+    sys.path.insert(0, os.path.dirname(os.path.realpath(argv[at])))
     main = types.ModuleType("__main__")
-    main.__file__ = script
-    main.__builtins__ = __builtins__
-    main.__cached__ = None
+    main.__dict__.update(__file__=script, __builtins__=__builtins__, __cached__=None,
+                         __annotations__={},
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", script))
     sys.modules["__main__"] = main
-    with io.open_code(script) as f:
-        source = f.read()
-    code = compile(source, script, "exec", dont_inherit=True)
+    try:
+        code = compile(source, script, "exec", dont_inherit=True)
+    except SyntaxError as err:  # the interpreter prints where, without a traceback
+        err = err.with_traceback(None)
+        sys.last_type, sys.last_value, sys.last_traceback = type(err), err, None
+        sys.excepthook(type(err), err, None)
+        raise SystemExit(1) from None
     try:
         exec(code, main.__dict__)
     except SystemExit:
         raise  # the interpreter's own handling: its code, a message printed
     except BaseException as err:  # noqa: BLE001 - printed as the interpreter prints it
         err = err.with_traceback(err.__traceback__.tb_next)  # from the script's frames on
+        # kept, as the interpreter keeps them, with what its frames hold, until the very end
+        sys.last_type, sys.last_value, sys.last_traceback = type(err), err, err.__traceback__
+        sys.last_exc = err
         sys.excepthook(type(err), err, err.__traceback__)
-        if isinstance(err, KeyboardInterrupt):  # as Python exits on one: by SIGINT
-            sys.stdout.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
+        if isinstance(err, KeyboardInterrupt):
+            interrupted.append(True)
         raise SystemExit(1) from None
     raise SystemExit(0)
 
