@@ -20,20 +20,6 @@ from dpcourse.explore.launch import CPU_MALLOC  # noqa: E402 - it imports torch:
 
 os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
 
-# torchrun's workers forked from a zygote that has imported torch once per local rank, instead of
-# new interpreters that import it each time: about 5 s of CPU saved per worker per launch
-# (dpcourse/explore/zygote.py says what such a worker is; tests/test_zygote.py compares the two).
-# DPCOURSE_ZYGOTES=0: new interpreters, as a learner's launches always are.
-from dpcourse.explore import zygote  # noqa: E402
-
-zygote.enable(os.environ.get("DPCOURSE_ZYGOTES", "1") != "0")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _zygotes():
-    yield
-    zygote.stop_all()
-
 # "Within seconds": how long a test lets an error that must come at once take, from the launch to
 # the message. Alone, these runs take 2-8 s (Python, torch's import, a launcher); `make test`'s
 # other worker can make that 3-5 times as long. The bound catches a hang (c10d's 80-139 s of retries
@@ -67,15 +53,10 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
     ``python -m dpcourse.lab.torchrun`` (torchrun_cmd) runs as the notebooks run it: torchrun's
     agent in a fork of this process, which has imported torch already, not a new interpreter that
     imports it again (dpcourse.explore.launch._ForkedTorchrun; test_launch shows the two alike).
-    Its workers, and a one-process lab (``python lab.py``), are forks of the session's zygotes
-    (dpcourse/explore/zygote.py) where one may serve them. DPCOURSE_FORK_LAUNCHER=0: the agent is a
-    new interpreter; DPCOURSE_ZYGOTES=0: so is every worker."""
+    The workers are new interpreters either way. DPCOURSE_FORK_LAUNCHER=0: a new interpreter."""
     from dpcourse.explore.launch import _can_fork, _ForkedTorchrun
 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if [str(arg) for arg in cmd[1:3]] == ["-m", "dpcourse.lab.horovodrun"]:  # its gloo workers
-        nproc = next((int(cmd[i + 1]) for i in range(len(cmd) - 1) if cmd[i] == "-np"), 0)
-        full_env.update(zygote.sockets(nproc, full_env, cwd))
     if _can_fork(cmd):
         # arguments as Popen takes them (paths, numbers)
         proc = _ForkedTorchrun([str(arg) for arg in cmd[3:]], full_env, cwd=cwd)
@@ -91,25 +72,6 @@ def run(cmd, timeout=120, env=None, cwd=ROOT):
             reader.join(timeout=30)
             proc.stdout.close()
         return subprocess.CompletedProcess(cmd, proc.returncode, "".join(said))
-    if zygote.enabled() and zygote._script([str(a) for a in cmd], full_env) is not None:
-        zygote.ensure(1, full_env, cwd)  # a one-process lab (lab_cmd(1, ...)): a fork of rank 0's
-        read, write = os.pipe()
-        with open(write, "w") as out:
-            proc = zygote.spawn(cmd, full_env, out, out, 0, cwd=str(cwd))
-        if proc is not None:
-            said = []
-            with open(read, encoding="utf-8", errors="replace") as pipe:
-                reader = threading.Thread(target=lambda: said.append(pipe.read()), daemon=True)
-                reader.start()
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    end_session(proc)
-                    raise
-                finally:
-                    reader.join(timeout=30)
-            return subprocess.CompletedProcess(cmd, proc.returncode, "".join(said))
-        os.close(read)
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -217,9 +217,6 @@ def _launch(cmd, shown, script, args, tmpdir, nproc, timeout, log_json, env, ech
     # Set the threads per worker ourselves: torchrun's default is 1, with a warning banner.
     child_env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(nproc)))
     child_env.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
-    if cmd[1:3] == ["-m", "dpcourse.lab.horovodrun"]:
-        from dpcourse.explore import zygote
-        child_env.update(zygote.sockets(nproc, child_env))  # the test suite's; {} elsewhere
     if echo:  # what a learner would type; the tagging and log flags are plumbing
         print("$", shlex.join([*shown, _relative(script), *map(str, args)]), flush=True)
 
@@ -305,8 +302,6 @@ class _ForkedTorchrun:
 
     def __init__(self, args: list[str], env: dict, cwd: str | os.PathLike | None = None):
         env = {str(k): str(v) for k, v in env.items()}  # as Popen would insist, before the fork
-        from dpcourse.explore import zygote
-        zygote.before_agent(args, env, cwd)  # the test suite's forked workers; off elsewhere
         parent = os.getpid()
         read, write = os.pipe()
         stop_signals = {signal.SIGINT, signal.SIGTERM}
@@ -362,7 +357,6 @@ class _ForkedTorchrun:
             os.environ.update(env)
             if cwd is not None:
                 os.chdir(cwd)
-            _workers_from_zygotes()
             from dpcourse.lab.torchrun import main
             sys.argv = ["torchrun", *args]
             code = main()
@@ -399,38 +393,6 @@ class _ForkedTorchrun:
             time.sleep(pause)
             pause = min(0.02, pause * 2)
         return self.returncode
-
-
-def _workers_from_zygotes() -> None:
-    """In the agent: where the test session has started zygotes (dpcourse.explore.zygote), each
-    worker that one may serve is a fork of one; any other, a new interpreter, as torchrun starts
-    it."""
-    from dpcourse.explore import zygote
-    if not zygote.enabled():
-        return
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
-
-    handler = subprocess_handler.SubprocessHandler
-    popen = handler._popen
-
-    def _popen(self, args, env):
-        worker = zygote.spawn(args, env, self._stdout, self._stderr, self.local_rank_id)
-        return worker if worker is not None else popen(self, args, env)
-
-    handler._popen = _popen
-    close = handler.close
-
-    def _close(self, death_sig=None):
-        try:
-            close(self, death_sig)
-        except ProcessLookupError:  # its session is gone: the zygote has reaped the worker, where
-            if not isinstance(self.proc, zygote.Worker):  # Popen's zombie would still take it
-                raise
-            for f in (self._stdout, self._stderr):
-                if f:
-                    f.close()
-
-    handler.close = _close
 
 
 def failure_summary(agent_lines: list[str], returncode: int, launcher: str = "torchrun") -> str:

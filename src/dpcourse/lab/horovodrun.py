@@ -8,9 +8,6 @@ of every launch on the course's 2-core machine (``horovod/common/util.py``,
 ``dpcourse.explore.launch.horovodrun`` asks once, in its own process, where torch is loaded already,
 and passes the answer down in ``DPCOURSE_HOROVOD_BUILT`` ("gloo,mpi", "gloo", …). Without that
 variable this is horovodrun unchanged, probe included. The exit status is horovodrun's own.
-
-In the test suite only, ``DPCOURSE_ZYGOTE_SOCKETS`` names the zygotes that start its gloo workers
-(``dpcourse/explore/zygote.py``, ``horovod_execute``); a learner's horovodrun never has it.
 """
 import os
 import sys
@@ -22,11 +19,6 @@ BUILT = "DPCOURSE_HOROVOD_BUILT"
 
 def main() -> int:
     built = os.environ.pop(BUILT, None)  # the workers need not see it
-    sockets = os.environ.pop("DPCOURSE_ZYGOTE_SOCKETS", None)  # nor this
-    if sockets:
-        from dpcourse.explore import zygote
-        zygote.horovod_execute({int(rank): path for rank, path in
-                                (item.split("=", 1) for item in sockets.split(","))})
     if built is not None:
         have = set(built.split(","))
         # launch.py imported these two names from horovod.common.util: its checks call them there
